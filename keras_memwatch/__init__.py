@@ -1,0 +1,50 @@
+"""keras_memwatch: see where the memory of a Keras training run goes.
+
+```python
+from keras_memwatch import MemWatch
+
+watch = MemWatch()
+model.fit(x, y, callbacks=[watch])
+watch.to_dataframe()
+print(watch.summary())
+```
+
+Importing the package does nothing heavy: each public name is imported on
+first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_PUBLIC = {
+    "MemWatch": "keras_memwatch.callback",
+    "SpikeDetector": "keras_memwatch.detector",
+    "SpikeEvent": "keras_memwatch.spikes",
+    "configure_memory": "keras_memwatch.config",
+    "load_log": "keras_memwatch.csvlog",
+}
+
+__all__ = sorted(_PUBLIC)
+
+if TYPE_CHECKING:
+    from keras_memwatch.callback import MemWatch
+    from keras_memwatch.config import configure_memory
+    from keras_memwatch.csvlog import load_log
+    from keras_memwatch.detector import SpikeDetector
+    from keras_memwatch.spikes import SpikeEvent
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'keras_memwatch' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -1,0 +1,94 @@
+"""Argument checks that raise before training starts, in Keras's words:
+"Expected `name` to be ... Received: name=value"."""
+
+from __future__ import annotations
+
+import numbers
+import os
+from typing import Any, Callable, Optional
+
+
+def _fail(name: str, expected: str, value: Any, error=ValueError):
+    return error(f"Expected `{name}` to be {expected}. Received: {name}={value!r}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def positive_int(name: str, value: Any) -> int:
+    if not _is_int(value):
+        raise _fail(name, "a positive integer", value, TypeError)
+    if value < 1:
+        raise _fail(name, "a positive integer", value)
+    return int(value)
+
+
+def non_negative_int(name: str, value: Any) -> int:
+    if not _is_int(value):
+        raise _fail(name, "an integer >= 0", value, TypeError)
+    if value < 0:
+        raise _fail(name, "an integer >= 0", value)
+    return int(value)
+
+
+def number_above(name: str, value: Any, bound: float) -> float:
+    expected = f"a number greater than {bound:g}"
+    if not _is_number(value):
+        raise _fail(name, expected, value, TypeError)
+    if not value > bound:  # also refuses NaN
+        raise _fail(name, expected, value)
+    return float(value)
+
+
+def non_negative(name: str, value: Any) -> float:
+    if not _is_number(value):
+        raise _fail(name, "a number >= 0", value, TypeError)
+    if not value >= 0 or value == float("inf"):
+        raise _fail(name, "a finite number >= 0", value)
+    return float(value)
+
+
+def boolean(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(name, "True or False", value, TypeError)
+    return value
+
+
+def choice(name: str, value: Any, allowed: tuple) -> Any:
+    if isinstance(value, bool) or value not in allowed:
+        raise _fail(name, f"one of {allowed}", value)
+    return value
+
+
+def optional_callable(name: str, value: Any) -> Optional[Callable]:
+    if value is not None and not callable(value):
+        raise _fail(name, "a callable or None", value, TypeError)
+    return value
+
+
+def log_path(name: str, value: Any) -> Optional[str]:
+    """A new `.csv` file in an existing, writable folder."""
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        raise _fail(name, "a path (str or os.PathLike) or None", value, TypeError)
+    path = os.path.abspath(os.fspath(value))
+    if not path.lower().endswith(".csv"):
+        raise _fail(name, "a path ending in .csv", value)
+    folder = os.path.dirname(path)
+    if not os.path.isdir(folder):
+        raise _fail(name, f"a path in an existing folder ({folder} does not exist)", value)
+    if not os.access(folder, os.W_OK):
+        raise _fail(name, f"a path in a writable folder ({folder} is not writable)", value)
+    if os.path.lexists(path):
+        raise FileExistsError(
+            f"Expected `{name}` to be a new file: MemWatch never overwrites a "
+            f"log. Received: {name}={value!r}, which exists. Delete it or "
+            "choose another path."
+        )
+    return path

@@ -1,0 +1,51 @@
+"""The shape every probe has."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import ClassVar, Optional
+
+Reading = Sequence[Optional[int]]
+
+
+class ProbeUnavailable(RuntimeError):
+    """Raised by `Probe.start` when the source cannot be read here.
+
+    The message says why, in words for a person ("no CUDA device",
+    "nvidia-ml-py is not installed: pip install nvidia-ml-py").
+    """
+
+
+class Probe(abc.ABC):
+    """One memory source, read once per sample.
+
+    A probe is started once per fit, then read at every sample. `read`
+    returns one reading per device, in the order `start` returned the
+    devices; each reading is aligned with `columns`, with `None` for a value
+    the source cannot give at that moment. A probe whose peak column is the
+    peak since its previous `read` (it resets the peak as it reads) sets
+    `peak_per_sample = True`; otherwise its peak is a high-water mark.
+
+    Probes do no work at construction; `start` opens the source and raises
+    `ProbeUnavailable` when it cannot.
+    """
+
+    name: ClassVar[str]
+    columns: ClassVar[tuple[str, ...]]
+    peak_per_sample: bool = False
+
+    @abc.abstractmethod
+    def start(self) -> tuple[str, ...]:
+        """Opens the source and returns the devices it reports on."""
+
+    @abc.abstractmethod
+    def read(self) -> Sequence[Reading]:
+        """Returns one reading per device, aligned with `columns`."""
+
+    def close(self) -> None:
+        """Releases what `start` opened. Safe to call more than once."""
+
+    def describe(self) -> str:
+        """A short note on what this probe can and cannot see."""
+        return self.name

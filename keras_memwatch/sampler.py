@@ -1,0 +1,181 @@
+"""Reads every probe once per sample, isolating their faults.
+
+The sampler turns the probes' readings into one row per device: a dict of
+source columns plus `current_bytes` and `peak_bytes`, the best value each
+sample has. A probe that raises or returns garbage gives missing values, is
+reported once per fit, and is switched off after `max_failures` failures in
+a row; nothing it does escapes `sample()`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Optional
+
+from keras_memwatch import columns as C
+from keras_memwatch.probes.base import Probe, ProbeUnavailable
+
+logger = logging.getLogger("keras_memwatch")
+
+Row = dict[str, Optional[int]]
+
+# Best source first: the framework's own count, then what NVML says this
+# process holds, then the whole device.
+_GPU_CURRENT = (C.ALLOCATOR_CURRENT, C.PROCESS, C.NVML_USED)
+_HOST_CURRENT = (C.HOST_RSS,)
+_PEAKS = (C.ALLOCATOR_PEAK, C.HOST_PEAK_RSS)
+
+
+class Sampler:
+    """Samples a set of probes as rows, one per device.
+
+    Args:
+        probes: the probes to read.
+        max_failures: consecutive failures after which a probe is switched
+            off for the rest of the fit. Defaults to `10`.
+    """
+
+    def __init__(self, probes: Sequence[Probe], max_failures: int = 10):
+        self.probes = list(probes)
+        self.max_failures = max_failures
+        self.devices: tuple[str, ...] = ()
+        self.device_columns: dict[str, tuple[str, ...]] = {}
+        self.notes: dict[str, str] = {}
+        self._active: list[tuple[Probe, list[int]]] = []
+        self._failures: dict[str, int] = {}
+        self._warned: set[str] = set()
+        self._peak_column: list[Optional[str]] = []
+        self._current_columns: list[tuple[str, ...]] = []
+
+    def start(self) -> tuple[str, ...]:
+        """Starts every probe; returns the devices that will have rows.
+
+        A probe that cannot start is left out with one INFO line saying why.
+        """
+        self.close()
+        devices: list[str] = []
+        columns: dict[str, list[str]] = {}
+        peak_column: dict[str, str] = {}
+        self._active, self._failures, self._warned = [], {}, set()
+        for probe in self.probes:
+            try:
+                probe_devices = probe.start()
+            except ProbeUnavailable as e:
+                self.notes[probe.name] = f"unavailable: {e}"
+                logger.info("probe %s unavailable: %s", probe.name, e)
+                continue
+            except Exception as e:  # a broken probe must not stop training
+                self.notes[probe.name] = f"failed to start: {e!r}"
+                logger.warning("probe %s failed to start: %r", probe.name, e)
+                continue
+            self.notes[probe.name] = probe.describe()
+            slots = []
+            for device in probe_devices:
+                if device not in columns:
+                    devices.append(device)
+                    columns[device] = []
+                columns[device].extend(probe.columns)
+                slots.append(devices.index(device))
+                for col in probe.columns:
+                    if col in _PEAKS and probe.peak_per_sample:
+                        peak_column[device] = col
+            self._active.append((probe, slots))
+        self.devices = tuple(devices)
+        self.device_columns = {d: tuple(columns[d]) for d in devices}
+        self._peak_column = [peak_column.get(d) for d in devices]
+        self._current_columns = [
+            _HOST_CURRENT if d == C.HOST_DEVICE else _GPU_CURRENT
+            for d in devices
+        ]
+        return self.devices
+
+    def sample(self) -> list[Row]:
+        """Reads every active probe; returns one row per device."""
+        rows: list[Row] = [{} for _ in self.devices]
+        for probe, slots in self._active:
+            if probe.name in self._failures and (
+                self._failures[probe.name] >= self.max_failures
+            ):
+                continue
+            try:
+                readings = probe.read()
+                if len(readings) != len(slots):
+                    raise ValueError(
+                        f"returned {len(readings)} readings for "
+                        f"{len(slots)} devices"
+                    )
+                for slot, reading in zip(slots, readings):
+                    row = rows[slot]
+                    for col, value in zip(probe.columns, reading):
+                        row[col] = self._checked(probe, col, value)
+            except Exception as e:
+                self._failed(probe, e)
+            else:
+                self._failures[probe.name] = 0
+        for i, row in enumerate(rows):
+            current = None
+            for col in self._current_columns[i]:
+                current = row.get(col)
+                if current is not None:
+                    break
+            peak_col = self._peak_column[i]
+            peak = row.get(peak_col) if peak_col else None
+            if peak is None or (current is not None and peak < current):
+                peak = current
+            row["current_bytes"] = current
+            row["peak_bytes"] = peak
+        return rows
+
+    def _checked(self, probe: Probe, col: str, value: object) -> Optional[int]:
+        if value is None:
+            return None
+        if type(value) is int and value >= 0:
+            return value
+        try:
+            as_int = int(value)  # type: ignore[call-overload]
+            if as_int == value and as_int >= 0 and not isinstance(value, bool):
+                return as_int
+        except (TypeError, ValueError, OverflowError):
+            pass
+        self._warn_once(
+            probe.name + col,
+            "probe %s gave an invalid %s (%r); recorded as missing",
+            probe.name,
+            col,
+            value,
+        )
+        return None
+
+    def _failed(self, probe: Probe, error: Exception) -> None:
+        count = self._failures.get(probe.name, 0) + 1
+        self._failures[probe.name] = count
+        self._warn_once(
+            probe.name,
+            "probe %s failed (%r); its values are missing for this sample",
+            probe.name,
+            error,
+        )
+        if count == self.max_failures:
+            self.notes[probe.name] = (
+                f"switched off after {count} failures in a row: {error!r}"
+            )
+            logger.warning(
+                "probe %s failed %d times in a row; switched off for the "
+                "rest of this fit",
+                probe.name,
+                count,
+            )
+
+    def _warn_once(self, key: str, msg: str, *args: object) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(msg, *args)
+
+    def close(self) -> None:
+        """Closes every probe; errors are logged, never raised."""
+        for probe, _ in self._active:
+            try:
+                probe.close()
+            except Exception as e:
+                logger.debug("probe %s failed to close: %r", probe.name, e)
