@@ -1,0 +1,454 @@
+"""Streaming spike detection and baseline drift (leak) detection.
+
+`SpikeDetector` judges each sampled peak against a robust rolling baseline
+and says whether it is a spike. `DriftMonitor` watches that baseline over
+epochs and says when it grows steadily, which is what a leak looks like.
+Both are pure Python, cheap per call, and know nothing of Keras; the
+callback keeps one of each per device and serializes calls to them (they are
+not thread-safe on their own).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from bisect import bisect_left, insort
+from collections import deque
+from typing import Callable, Optional
+
+from keras_memwatch.units import MIB, format_bytes
+
+__all__ = ["DriftEvent", "DriftMonitor", "SpikeDetector"]
+
+_INF = float("inf")
+
+# Runs of up to this many spike samples are never taken for a new level.
+_MAX_ISOLATED_SPIKE = 3
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    what = "a positive integer" if minimum == 1 else "a non-negative integer"
+    message = f"Expected `{name}` to be {what}. Received: {name}={value!r}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(message)
+    if value < minimum:
+        raise ValueError(message)
+    return int(value)
+
+
+def _check_real(
+    name: str, value: object, what: str, ok: Callable[[float], bool]
+) -> float:
+    message = f"Expected `{name}` to be {what}. Received: {name}={value!r}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(message)
+    if not (-_INF < value < _INF) or not ok(value):
+        raise ValueError(message)
+    return float(value)
+
+
+def _median(sorted_values: list) -> float:
+    n = len(sorted_values)
+    m = n >> 1
+    if n & 1:
+        return sorted_values[m]
+    return (sorted_values[m - 1] + sorted_values[m]) / 2
+
+
+class SpikeDetector:
+    """Flags values that jump well above a robust rolling baseline.
+
+    The baseline is the median of the last `window` values that were not
+    spikes. A value is a spike when it exceeds both `baseline * threshold`
+    and `baseline + min_delta_mb` MiB; the first `warmup` values only seed
+    the baseline. Spikes are kept out of the baseline, so a run of spikes
+    cannot raise it and hide the next one: isolated spikes are flagged every
+    time, however often they repeat.
+
+    A new level is different from a spike: when memory settles higher (a new
+    input shape, a new compiled function), flagging every batch from then on
+    would be noise. The detector follows a run of elevated samples: it
+    starts at a spike and goes on while each later sample is a spike or at
+    least closer to the run's lowest spike than to the baseline. Once the
+    run is `plateau_length` samples long and its last `plateau_length`
+    samples agree with each other (the largest is not a spike against their
+    median), they become the baseline window and the level is no longer
+    flagged. So a new level is flagged for at most
+    `plateau_length = min(window, max(warmup, 4))` samples, and a run of
+    elevated samples that never agree is accepted whole after `window`
+    samples: no new level is flagged more than `window` times. Spikes of 1
+    to 3 samples are never taken for a level (the minimum of 4 is for them;
+    it needs `window >= 4`); a burst longer than `plateau_length` is flagged for its first
+    `plateau_length` samples only. A level that falls (including the end of
+    such a burst) is followed by the median itself: after a burst of `L`
+    samples the baseline is back once about `min(L, window / 2) + 1` normal
+    samples have followed.
+
+    Missing values (`None`, NaN, infinities) are not judged: `update`
+    returns False and nothing changes, warm-up included.
+
+    Args:
+        window: Number of recent non-spike values whose median is the
+            baseline. Defaults to `50`.
+        threshold: A spike exceeds `baseline * threshold`; must be greater
+            than 1. Defaults to `1.5`.
+        min_delta_mb: A spike also exceeds the baseline by more than this
+            many MiB (2**20 bytes), so that small models do not flag
+            every few-MiB jump. Defaults to `64`.
+        warmup: Number of first values that seed the baseline without being
+            judged. The very first value is never judged, even with
+            `warmup=0`, since there is nothing to judge it against.
+            Defaults to `5`.
+
+    Raises:
+        TypeError: When an argument has the wrong type (bools are not
+            numbers here).
+        ValueError: When an argument is out of range.
+
+    Example:
+
+    >>> detector = SpikeDetector(window=50, threshold=1.5, min_delta_mb=64)
+    >>> peaks_mib = [200, 210, 190, 205, 200, 1300]
+    >>> [detector.update(mib * 2**20) for mib in peaks_mib]
+    [False, False, False, False, False, True]
+    >>> detector.baseline / 2**20
+    200.0
+    """
+
+    __slots__ = (
+        "_window_size",
+        "_threshold",
+        "_min_delta_mb",
+        "_min_delta",
+        "_warmup",
+        "_plateau",
+        "_values",
+        "_sorted",
+        "_warm_left",
+        "_baseline",
+        "_run",
+        "_run_floor",
+    )
+
+    def __init__(
+        self,
+        window: int = 50,
+        threshold: float = 1.5,
+        min_delta_mb: float = 64,
+        warmup: int = 5,
+    ) -> None:
+        self._window_size = _check_int("window", window, 1)
+        self._threshold = _check_real(
+            "threshold", threshold, "a number greater than 1", lambda x: x > 1
+        )
+        self._min_delta_mb = _check_real(
+            "min_delta_mb",
+            min_delta_mb,
+            "a non-negative number",
+            lambda x: x >= 0,
+        )
+        self._min_delta = self._min_delta_mb * MIB
+        self._warmup = _check_int("warmup", warmup, 0)
+        self._plateau = min(
+            self._window_size, max(self._warmup, _MAX_ISOLATED_SPIKE + 1)
+        )
+        self._values: deque = deque()
+        self._sorted: list = []
+        self._run: list = []
+        self.reset()
+
+    @property
+    def window(self) -> int:
+        """Number of non-spike values the baseline is the median of."""
+        return self._window_size
+
+    @property
+    def threshold(self) -> float:
+        """Ratio to the baseline that a spike exceeds."""
+        return self._threshold
+
+    @property
+    def min_delta_mb(self) -> float:
+        """MiB above the baseline that a spike exceeds."""
+        return self._min_delta_mb
+
+    @property
+    def warmup(self) -> int:
+        """Number of first values that are recorded but not judged."""
+        return self._warmup
+
+    @property
+    def plateau_length(self) -> int:
+        """Most times a new, steady level is flagged before it is accepted.
+
+        `min(window, max(warmup, 4))`.
+        """
+        return self._plateau
+
+    @property
+    def baseline(self) -> Optional[float]:
+        """The baseline in bytes that the last judged value was compared to.
+
+        `None` until the first value is judged (during warm-up) and after
+        `reset()`. Missing values leave it unchanged.
+        """
+        return self._baseline
+
+    def reset(self) -> None:
+        """Forgets everything: the next value starts a new warm-up."""
+        self._values.clear()
+        self._sorted.clear()
+        self._run.clear()
+        self._run_floor = _INF
+        self._warm_left = max(self._warmup, 1)
+        self._baseline: Optional[float] = None
+
+    def update(self, value_bytes: Optional[float]) -> bool:
+        """Judges one value against the baseline, then records it.
+
+        Args:
+            value_bytes: The sampled value in bytes (usually the peak since
+                the previous sample). `None`, NaN or an infinity is a
+                missing value.
+
+        Returns:
+            True when the value is a spike, False otherwise (warm-up and
+            missing values included).
+        """
+        if value_bytes is None or not (-_INF < value_bytes < _INF):
+            return False
+        if self._warm_left:
+            self._warm_left -= 1
+            self._push(value_bytes)
+            return False
+
+        ordered = self._sorted
+        n = len(ordered)
+        m = n >> 1
+        baseline = ordered[m] if n & 1 else (ordered[m - 1] + ordered[m]) / 2
+        self._baseline = baseline
+
+        if (
+            value_bytes > baseline * self._threshold
+            and value_bytes > baseline + self._min_delta
+        ):
+            run = self._run
+            run.append(value_bytes)
+            if value_bytes < self._run_floor:
+                self._run_floor = value_bytes
+            if len(run) >= self._plateau:
+                self._maybe_accept_level()
+            return True
+
+        # Not a spike: into the baseline window (inlined `_push`, hot path).
+        values = self._values
+        if len(values) == self._window_size:
+            del ordered[bisect_left(ordered, values.popleft())]
+        values.append(value_bytes)
+        insort(ordered, value_bytes)
+
+        run = self._run
+        if run:
+            if value_bytes + value_bytes > baseline + self._run_floor:
+                # Closer to the run's level than to the baseline: the
+                # elevated run goes on.
+                run.append(value_bytes)
+                if len(run) >= self._plateau:
+                    self._maybe_accept_level()
+            else:
+                run.clear()
+                self._run_floor = _INF
+        return False
+
+    def _push(self, value: float) -> None:
+        values = self._values
+        ordered = self._sorted
+        if len(values) == self._window_size:
+            del ordered[bisect_left(ordered, values.popleft())]
+        values.append(value)
+        insort(ordered, value)
+
+    def _maybe_accept_level(self) -> None:
+        """Makes the current run the baseline when it looks like a level."""
+        run = self._run
+        recent = run[-self._plateau :]
+        ordered = sorted(recent)
+        median = _median(ordered)
+        top = ordered[-1]
+        if top <= median * self._threshold or top <= median + self._min_delta:
+            seed = recent
+        elif len(run) >= self._window_size:
+            seed = run[-self._window_size :]
+        else:
+            return
+        self._values.clear()
+        self._values.extend(seed)
+        self._sorted[:] = sorted(seed)
+        run.clear()
+        self._run_floor = _INF
+
+    def __repr__(self) -> str:
+        return (
+            f"SpikeDetector(window={self._window_size}, "
+            f"threshold={self._threshold:g}, "
+            f"min_delta_mb={self._min_delta_mb:g}, warmup={self._warmup})"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class DriftEvent:
+    """Steady growth of the baseline: what a memory leak looks like.
+
+    Args:
+        start_bytes: Baseline at the start of the growth, in bytes.
+        end_bytes: Baseline at the end of the growth, in bytes.
+        n_batches: Number of samples with a baseline that the growth spans
+            (batches, when every batch is sampled).
+        n_epochs: Number of epochs the growth spans. Defaults to `1`.
+    """
+
+    start_bytes: float
+    end_bytes: float
+    n_batches: int
+    n_epochs: int = 1
+
+    @property
+    def growth_bytes(self) -> float:
+        """How much the baseline grew, in bytes."""
+        return self.end_bytes - self.start_bytes
+
+    @property
+    def message(self) -> str:
+        """The event in words, e.g. "baseline grew from 190 MiB to 420 MiB
+        over 300 batches"."""
+        span = f"{self.n_batches} batches"
+        if self.n_epochs > 1:
+            span = f"{self.n_epochs} epochs ({span})"
+        return (
+            f"baseline grew from {format_bytes(self.start_bytes)} "
+            f"to {format_bytes(self.end_bytes)} over {span}"
+        )
+
+
+class DriftMonitor:
+    """Reports steady growth of the baseline, within an epoch or across epochs.
+
+    Feed it the baseline after every sample (`SpikeDetector.baseline`) and
+    call `end_epoch()` at the end of each epoch. Growth is a leak when it
+    is both large and steady; one rule is used at both scales:
+
+    - within the epoch: the baseline grew by more than `min_delta_mb` MiB
+      from the epoch's first baseline to its last, and no single step
+      between consecutive samples makes up more than half of that growth;
+    - across epochs (checked when the epoch alone is not a leak): over the
+      last 3 epochs the baseline rose in each of them (the first one from
+      its start to its end, then from one epoch's end to the next), the
+      total rise exceeds `min_delta_mb` MiB, and no single epoch makes up
+      more than half of it.
+
+    So one jump to a new level, say from a new input shape, is not a leak,
+    even when it stays; the same jump repeated epoch after epoch is. Slow
+    growth under `min_delta_mb` per epoch is caught once it adds up over 3
+    epochs. While a leak goes on, it is reported once per epoch.
+
+    Args:
+        min_delta_mb: Growth, in MiB, that a leak exceeds. Defaults to `64`.
+
+    Raises:
+        TypeError: When `min_delta_mb` is not a number (bools are not).
+        ValueError: When `min_delta_mb` is negative or not finite.
+
+    Example:
+
+    >>> drift = DriftMonitor(min_delta_mb=64)
+    >>> for i in range(300):
+    ...     drift.update((190 + i * 230 / 299) * 2**20)
+    >>> drift.end_epoch().message
+    'baseline grew from 190 MiB to 420 MiB over 300 batches'
+    """
+
+    #: Number of epochs that the across-epochs rule looks back over.
+    EPOCHS = 3
+
+    def __init__(self, min_delta_mb: float = 64) -> None:
+        self._min_delta_mb = _check_real(
+            "min_delta_mb",
+            min_delta_mb,
+            "a non-negative number",
+            lambda x: x >= 0,
+        )
+        self._min_delta = self._min_delta_mb * MIB
+        self._history: deque = deque(maxlen=self.EPOCHS)
+        self._start_epoch()
+
+    @property
+    def min_delta_mb(self) -> float:
+        """Growth, in MiB, that a leak exceeds."""
+        return self._min_delta_mb
+
+    def _start_epoch(self) -> None:
+        self._first: Optional[float] = None
+        self._last: Optional[float] = None
+        self._count = 0
+        self._max_rise = 0.0
+
+    def reset(self) -> None:
+        """Forgets the current epoch and the epochs before it."""
+        self._history.clear()
+        self._start_epoch()
+
+    def update(self, baseline_bytes: Optional[float]) -> None:
+        """Records the baseline after one sample.
+
+        Args:
+            baseline_bytes: The baseline in bytes; `None` or NaN (during
+                warm-up, or when missing) is ignored.
+        """
+        if baseline_bytes is None or not (-_INF < baseline_bytes < _INF):
+            return
+        last = self._last
+        if last is None:
+            self._first = baseline_bytes
+        elif baseline_bytes - last > self._max_rise:
+            self._max_rise = baseline_bytes - last
+        self._last = baseline_bytes
+        self._count += 1
+
+    def end_epoch(self) -> Optional[DriftEvent]:
+        """Closes the epoch and says whether the baseline drifted.
+
+        Returns:
+            A `DriftEvent` when the baseline grew steadily within this
+            epoch, or else over the last 3 epochs; None otherwise, and for
+            an epoch that had no baseline at all.
+        """
+        first, last, count, max_rise = (
+            self._first,
+            self._last,
+            self._count,
+            self._max_rise,
+        )
+        self._start_epoch()
+        if first is None or last is None:
+            return None
+        self._history.append((first, last, count))
+
+        growth = last - first
+        if growth > self._min_delta and max_rise <= growth / 2:
+            return DriftEvent(first, last, count)
+
+        if len(self._history) < self.EPOCHS:
+            return None
+        epochs = list(self._history)
+        rises = [epochs[0][1] - epochs[0][0]]
+        rises += [b[1] - a[1] for a, b in zip(epochs, epochs[1:])]
+        total = epochs[-1][1] - epochs[0][0]
+        steady = min(rises) > 0 and max(rises) <= total / 2
+        if steady and total > self._min_delta:
+            return DriftEvent(
+                epochs[0][0],
+                epochs[-1][1],
+                sum(e[2] for e in epochs),
+                n_epochs=len(epochs),
+            )
+        return None
