@@ -1,0 +1,360 @@
+"""MemWatch: the Keras callback. It only conducts: Keras hooks call the
+sampler, the spike monitor judges, the recorder and the log keep."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Optional
+
+import keras
+import pandas as pd
+
+from keras_memwatch import options
+from keras_memwatch.csvlog import CsvLog, PathLike
+from keras_memwatch.probes import resolve_probes
+from keras_memwatch.recorder import Recorder
+from keras_memwatch.report import summarize
+from keras_memwatch.sampler import Sampler
+from keras_memwatch.spikes import SpikeEvent, SpikeMonitor
+from keras_memwatch.units import MIB
+
+logger = logging.getLogger("keras_memwatch")
+
+_MAX_WAIT_S = 1.0  # how long a batch waits for an earlier one's sample
+
+_SPIKE_COLUMNS = ("step", "epoch", "batch", "device", "peak_bytes",
+                  "baseline_bytes", "ratio", "working_bytes",
+                  "usual_working_bytes")
+
+
+class MemWatch(keras.callbacks.Callback):
+    """Records memory at every training batch and flags the batches that jump.
+
+    At train begin and at the end of every `every_n_batches`-th training
+    (and validation) batch, MemWatch reads every available memory source
+    and keeps one row per device:
+
+    - the framework allocator (`allocator_current_bytes`,
+      `allocator_peak_bytes`, `allocator_limit_bytes`): TensorFlow and
+      PyTorch give the peak since the previous sample; JAX only a
+      high-water mark for the life of the process;
+    - NVML (`nvml_used_bytes`, `nvml_total_bytes` for the whole device,
+      `process_bytes` for this process);
+    - the host (`host_rss_bytes`, `host_peak_rss_bytes`, the peak since the
+      previous sample on Linux).
+
+    `peak_bytes` and `current_bytes` are the best of these for each device,
+    in bytes; a value a source cannot give is missing, never 0. A step whose
+    working memory (peak minus the memory in use before it) jumps above a
+    rolling baseline is a spike: logged at WARNING, passed to `on_spike`,
+    and listed in `spikes`. Sustained growth over an epoch is reported as
+    drift. The callback is `async_safe`: with the JAX and PyTorch backends
+    its batch hook runs on Keras's worker threads and training stays
+    asynchronous.
+
+    Args:
+        every_n_batches: sample every n-th training batch. Defaults to `1`.
+        window: samples in the rolling baseline. Defaults to `50`.
+        threshold: a spike needs a working memory above `threshold` times
+            the baseline... Defaults to `1.5`.
+        min_delta_mb: ... and more than this many MiB above it. Defaults to
+            `64`.
+        warmup: first samples of a fit that are recorded, never judged.
+            Defaults to `5`.
+        log_path: stream rows to this new CSV file as training runs (an
+            existing file is never overwritten; later fits of the same
+            instance write `name.1.csv`, `name.2.csv`, ...). Defaults to
+            `None`.
+        on_spike: callable receiving each `SpikeEvent`. It is called on the
+            training thread at the start of the next batch (or at epoch
+            end), where it may set `model.stop_training`. Its errors are
+            logged, never raised. Defaults to `None`.
+        add_to_logs: add `mem_peak_mib` and `mem_current_mib` (of the first
+            GPU, or of the host without one) to the batch and epoch `logs`,
+            so `History`, `CSVLogger` and the progress bar show them.
+            Defaults to `True`.
+        allow_growth, memory_limit_mb: apply `configure_memory` now. It only
+            works before the framework has set up its devices, which is
+            usually before the model is built: prefer calling
+            `keras_memwatch.configure_memory` first thing in the script.
+            Defaults to `None` (leave as is).
+        probes: `"auto"` (the active backend's allocator, NVML and the
+            host), a probe name, or a list of names and `Probe` instances.
+            Defaults to `"auto"`.
+        verbose: `0` records silently; `1` logs alerts and the summary.
+            Defaults to `1`.
+        max_rows: keep only the newest `max_rows` samples in memory (the
+            streamed log stays complete), or all when `None`. Defaults to
+            `None`.
+
+    Raises:
+        ValueError, TypeError: for a bad option, before training starts.
+        FileExistsError: if `log_path` exists.
+
+    Example:
+
+    ```python
+    watch = MemWatch()
+    model.fit(x, y, epochs=3, callbacks=[watch])
+    watch.to_dataframe()   # one row per sampled batch per device
+    watch.spikes           # the batches that jumped
+    print(watch.summary())
+    ```
+    """
+
+    async_safe = True
+
+    def __init__(
+        self,
+        every_n_batches: int = 1,
+        window: int = 50,
+        threshold: float = 1.5,
+        min_delta_mb: float = 64,
+        warmup: int = 5,
+        log_path: Optional[PathLike] = None,
+        on_spike: Optional[Callable[[SpikeEvent], Any]] = None,
+        add_to_logs: bool = True,
+        allow_growth: Optional[bool] = None,
+        memory_limit_mb: Optional[float] = None,
+        probes: Any = "auto",
+        verbose: int = 1,
+        max_rows: Optional[int] = None,
+    ):
+        super().__init__()
+        self.every_n_batches = options.positive_int("every_n_batches", every_n_batches)
+        self.window = options.positive_int("window", window)
+        self.threshold = options.number_above("threshold", threshold, 1.0)
+        self.min_delta_mb = options.non_negative("min_delta_mb", min_delta_mb)
+        self.warmup = options.non_negative_int("warmup", warmup)
+        self.log_path = options.log_path("log_path", log_path)
+        self.on_spike = options.optional_callable("on_spike", on_spike)
+        self.add_to_logs = options.boolean("add_to_logs", add_to_logs)
+        self.verbose = options.choice("verbose", verbose, (0, 1))
+        self.max_rows = None if max_rows is None else options.positive_int(
+            "max_rows", max_rows)
+        self._probes = resolve_probes(probes, keras.backend.backend())
+        self.memory_config = None
+        if allow_growth is not None or memory_limit_mb is not None:
+            from keras_memwatch.config import configure_memory
+
+            self.memory_config = configure_memory(
+                allow_growth=allow_growth, memory_limit_mb=memory_limit_mb)
+        self.log_paths: list[str] = []
+        self._sampler = Sampler(self._probes)
+        self._recorder = Recorder(self.max_rows)
+        self._lock = threading.Lock()
+        self._turn = threading.Condition(self._lock)
+        self._monitor: Optional[SpikeMonitor] = None
+        self._log: Optional[CsvLog] = None
+        self._fits = 0
+
+    # -- Keras hooks -------------------------------------------------------
+
+    def on_train_begin(self, logs=None):
+        self._close()
+        devices = self._sampler.start()
+        self._recorder.reset(self._sampler.device_columns)
+        self._monitor = SpikeMonitor(
+            devices, self.window, self.threshold, self.min_delta_mb,
+            self.warmup, alert=self.verbose > 0)
+        if self.log_path is not None:
+            path = _nth_path(self.log_path, self._fits)
+            self._log = CsvLog(path)
+            self.log_paths.append(path)
+        self._fits += 1
+        self._spe = max(int(getattr(self.model, "steps_per_execution", 1) or 1), 1)
+        self._epoch = 0
+        self._step = 0
+        self._expected: collections.deque = collections.deque()
+        self._pending: dict[tuple, tuple] = {}
+        self._t0 = time.perf_counter()
+        self._primary = next(
+            (i for i, d in enumerate(devices) if d != "host"), 0)
+        self._epoch_peak: Optional[int] = None
+        self._last_current: Optional[int] = None
+        self._undelivered: list[SpikeEvent] = []
+        self._training = True
+        with self._lock:
+            self._commit(("train", 0, None), self._sampler.sample(), judged=False)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        self._epoch_peak = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._expect("train", batch)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._sample("train", batch, logs)
+
+    def on_test_batch_begin(self, batch, logs=None):
+        self._expect("test", batch)
+
+    def on_test_batch_end(self, batch, logs=None):
+        self._sample("test", batch, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        with self._lock:
+            self._flush()
+            self._monitor.end_epoch(epoch)
+            if self.add_to_logs and logs is not None and self._epoch_peak is not None:
+                logs["mem_peak_mib"] = self._epoch_peak / MIB
+                current = self._last_current
+                if current is not None:
+                    logs["mem_current_mib"] = current / MIB
+        self._deliver()
+
+    def on_train_end(self, logs=None):
+        with self._lock:
+            self._flush()
+            self._training = False
+        self._deliver()
+        self._close()
+        if self.verbose and self._recorder.total_samples:
+            logger.info("%s", self.summary())
+
+    # -- sampling ----------------------------------------------------------
+
+    def _due(self, batch: int) -> bool:
+        """Whether the execution that ends at `batch` covers an n-th batch."""
+        n = self.every_n_batches
+        return (batch + 1) // n > (batch + 1 - self._spe) // n
+
+    def _expect(self, phase: str, begin: int) -> None:
+        if not getattr(self, "_training", False):
+            return
+        self._deliver()
+        end = begin + self._spe - 1
+        if self._due(end):
+            with self._lock:
+                self._expected.append((phase, self._epoch, end))
+
+    def _sample(self, phase: str, batch: int, logs) -> None:
+        if not getattr(self, "_training", False) or not self._due(batch):
+            return
+        try:
+            with self._turn:
+                key = (phase, self._epoch, batch)
+                # Worker threads may arrive out of order: let earlier
+                # batches sample first, so each peak belongs to its batch.
+                if key in self._expected:
+                    self._turn.wait_for(lambda: self._expected[0] == key, _MAX_WAIT_S)
+                sample = (round(time.perf_counter() - self._t0, 6),
+                          self._sampler.sample())
+                if self._expected and self._expected[0] != key:
+                    self._pending[key] = sample
+                else:
+                    if self._expected:
+                        self._expected.popleft()
+                    self._commit(key, sample[1], phase == "train", sample[0])
+                    while self._expected and self._expected[0] in self._pending:
+                        next_key = self._expected.popleft()
+                        t, rows = self._pending.pop(next_key)
+                        self._commit(next_key, rows, next_key[0] == "train", t)
+                self._turn.notify_all()
+                if self.add_to_logs and logs is not None and phase == "train":
+                    row = sample[1][self._primary] if sample[1] else {}
+                    if row.get("peak_bytes") is not None:
+                        logs["mem_peak_mib"] = row["peak_bytes"] / MIB
+                    if row.get("current_bytes") is not None:
+                        logs["mem_current_mib"] = row["current_bytes"] / MIB
+        except Exception as e:  # never take training down
+            logger.warning("MemWatch failed to record batch %s: %r", batch, e)
+
+    def _flush(self) -> None:
+        """Commits samples still waiting for an earlier one that never came."""
+        order = {key: i for i, key in enumerate(self._expected)}
+        for key in sorted(self._pending, key=lambda k: order.get(k, len(order))):
+            t, rows = self._pending.pop(key)
+            self._commit(key, rows, key[0] == "train", t)
+        self._expected.clear()
+
+    def _commit(self, key: tuple, rows: list, judged: bool,
+                time_s: float = 0.0) -> None:
+        phase, epoch, batch = key
+        step = self._step
+        self._step += 1
+        events = self._monitor.judge(step, epoch, batch, judged, rows)
+        self._recorder.append(epoch, batch, phase, time_s, rows)
+        if self._log is not None:
+            self._log.write(step, epoch, batch, phase, time_s,
+                            self._sampler.devices, rows)
+        if rows and phase == "train":
+            row = rows[self._primary]
+            self._last_current = row.get("current_bytes")
+            peak = row.get("peak_bytes")
+            if peak is not None and (self._epoch_peak is None or peak > self._epoch_peak):
+                self._epoch_peak = peak
+        if self.on_spike is not None:
+            self._undelivered.extend(events)
+
+    def _deliver(self) -> None:
+        """Calls `on_spike` on the training thread, where Keras expects
+        `stop_training` to be set (never from an async worker)."""
+        if not self._undelivered:
+            return
+        with self._lock:
+            events, self._undelivered = self._undelivered, []
+        for event in events:
+            try:
+                self.on_spike(event)
+            except Exception as e:
+                logger.warning("on_spike raised %r; training goes on", e)
+
+    def _close(self) -> None:
+        self._sampler.close()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    # -- results -----------------------------------------------------------
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """The record of the last fit: one row per sample per device.
+
+        Columns and dtypes are listed in the README; bytes are nullable
+        integers (`Int64`), missing where a source cannot give a value.
+        """
+        return self._recorder.to_dataframe()
+
+    @property
+    def spikes(self) -> pd.DataFrame:
+        """The spike events of the last fit, one row each."""
+        events = self._monitor.events if self._monitor else []
+        return pd.DataFrame(
+            [[getattr(e, c) for c in _SPIKE_COLUMNS] for e in events],
+            columns=list(_SPIKE_COLUMNS),
+        )
+
+    def summary(self) -> str:
+        """A short report of the last fit: peak and typical memory per
+        device, limit and headroom, spikes, drift, and what each source
+        could and could not see."""
+        drift = self._monitor.drift_events if self._monitor else []
+        return summarize(self.to_dataframe(), self.spikes, drift,
+                         self._sampler.notes)
+
+    def to_csv(self, path: PathLike) -> None:
+        """Writes the record as CSV, readable by `keras_memwatch.load_log`."""
+        self.to_dataframe().to_csv(path, index=False)
+
+    def to_parquet(self, path: PathLike) -> None:
+        """Writes the record as Parquet (needs `pip install pyarrow`)."""
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise ImportError(
+                "MemWatch.to_parquet needs pyarrow: pip install pyarrow "
+                "(or pip install 'keras-memwatch[parquet]')") from None
+        self.to_dataframe().to_parquet(path, index=False)
+
+
+def _nth_path(path: str, n: int) -> str:
+    if n == 0:
+        return path
+    stem, ext = os.path.splitext(path)
+    return f"{stem}.{n}{ext}"

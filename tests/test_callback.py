@@ -1,0 +1,226 @@
+"""MemWatch inside real `model.fit` calls on the CPU, on the active backend."""
+
+import inspect
+import logging
+
+import keras
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import FakeProbe, tiny_data, tiny_model
+from keras_memwatch import MemWatch, load_log
+from keras_memwatch import columns as C
+
+MIB = 2**20
+
+
+def fit(watch, epochs=2, n=64, batch_size=16, model=None, **kwargs):
+    model = model or tiny_model()
+    x, y = tiny_data(n)
+    return model.fit(x, y, epochs=epochs, batch_size=batch_size,
+                     callbacks=[watch, *kwargs.pop("callbacks", [])],
+                     verbose=0, **kwargs)
+
+
+def test_every_hook_it_defines_is_a_keras_hook():
+    defined = [name for name, _ in inspect.getmembers(MemWatch, inspect.isfunction)
+               if name.startswith("on_") and name in vars(MemWatch)]
+    assert defined
+    for name in defined:
+        assert hasattr(keras.callbacks.Callback, name), name
+        assert (inspect.signature(getattr(MemWatch, name)).parameters.keys()
+                == inspect.signature(getattr(keras.callbacks.Callback, name)).parameters.keys())
+
+
+def test_is_async_safe_so_training_stays_asynchronous():
+    assert MemWatch.async_safe is True
+    callbacks = keras.callbacks.CallbackList([MemWatch(probes="host")])
+    if keras.backend.backend() in ("jax", "torch"):
+        assert callbacks._async_train
+
+
+def test_records_train_begin_and_every_batch_of_every_epoch():
+    watch = MemWatch(probes="host")
+    fit(watch, epochs=2)
+    frame = watch.to_dataframe()
+    assert frame["step"].tolist() == list(range(9))
+    assert frame["device"].unique().tolist() == ["host"]
+    assert frame["epoch"].tolist() == [0] * 5 + [1] * 4
+    assert frame["batch"].tolist()[1:] == [0, 1, 2, 3] * 2
+    assert pd.isna(frame["batch"].iloc[0])
+    assert (frame["phase"] == "train").all()
+    assert frame["time_s"].is_monotonic_increasing
+    for col in (C.HOST_RSS, C.HOST_PEAK_RSS, "current_bytes", "peak_bytes"):
+        assert frame[col].notna().all() and (frame[col] > 10 * MIB).all(), col
+    assert frame[C.ALLOCATOR_CURRENT].isna().all()
+
+
+def test_auto_probes_on_a_cpu_machine_record_the_host():
+    watch = MemWatch()
+    fit(watch, epochs=1)
+    frame = watch.to_dataframe()
+    assert "host" in frame["device"].tolist()
+    assert len(frame[frame["device"] == "host"]) == 5
+
+
+def test_one_instance_serves_several_fits():
+    watch = MemWatch(probes="host")
+    fit(watch, epochs=2)
+    fit(watch, epochs=1)
+    frame = watch.to_dataframe()
+    assert frame["step"].tolist() == list(range(5))
+    assert frame["epoch"].max() == 0
+
+
+def test_every_n_batches():
+    watch = MemWatch(probes="host", every_n_batches=3)
+    fit(watch, epochs=2, n=96)  # 6 batches an epoch
+    frame = watch.to_dataframe()
+    assert frame["batch"].tolist()[1:] == [2, 5, 2, 5]
+    assert frame["epoch"].tolist() == [0, 0, 0, 1, 1]
+
+
+@pytest.mark.skipif(keras.backend.backend() == "torch",
+                    reason="PyTorch backend requires steps_per_execution=1")
+def test_steps_per_execution_samples_once_per_execution():
+    model = tiny_model()
+    model.compile(optimizer="adam", loss="mse", steps_per_execution=2)
+    watch = MemWatch(probes="host")
+    fit(watch, epochs=1, n=64, model=model)
+    assert watch.to_dataframe()["batch"].tolist()[1:] == [1, 3]
+
+
+def test_validation_batches_are_recorded_as_test_rows():
+    x, y = tiny_data(32, seed=1)
+    watch = MemWatch(probes="host")
+    fit(watch, epochs=2, validation_data=(x, y))
+    frame = watch.to_dataframe()
+    assert frame["phase"].tolist() == (["train"] * 5 + ["test"] * 2
+                                       + ["train"] * 4 + ["test"] * 2)
+    assert frame["step"].is_monotonic_increasing
+    assert not frame.loc[frame["phase"] == "test", "spike"].any()
+
+
+def test_memory_metrics_reach_history_and_csvlogger(tmp_path):
+    csv = tmp_path / "history.csv"
+    history = fit(MemWatch(probes="host"), epochs=2,
+                  callbacks=[keras.callbacks.CSVLogger(str(csv))])
+    assert len(history.history["mem_peak_mib"]) == 2
+    assert all(v > 10 for v in history.history["mem_peak_mib"])
+    assert "mem_current_mib" in history.history
+    logged = pd.read_csv(csv)
+    assert {"mem_peak_mib", "mem_current_mib"} <= set(logged.columns)
+
+
+def test_batch_logs_carry_the_metrics():
+    seen = []
+    probe = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: seen.append(dict(logs)))
+    fit(MemWatch(probes="host"), epochs=1, callbacks=[probe])
+    assert len(seen) == 4
+    assert all(logs["mem_peak_mib"] > 10 for logs in seen)
+
+
+def test_add_to_logs_false_leaves_logs_alone():
+    history = fit(MemWatch(probes="host", add_to_logs=False), epochs=1)
+    assert "mem_peak_mib" not in history.history
+
+
+def test_streamed_log_equals_the_dataframe(tmp_path):
+    watch = MemWatch(probes="host", log_path=tmp_path / "mem.csv")
+    fit(watch, epochs=2)
+    pd.testing.assert_frame_equal(load_log(tmp_path / "mem.csv"), watch.to_dataframe())
+
+
+def test_a_second_fit_streams_to_a_new_file(tmp_path):
+    watch = MemWatch(probes="host", log_path=tmp_path / "mem.csv")
+    fit(watch, epochs=1)
+    fit(watch, epochs=1)
+    assert watch.log_paths == [str(tmp_path / "mem.csv"), str(tmp_path / "mem.1.csv")]
+    pd.testing.assert_frame_equal(load_log(watch.log_paths[1]), watch.to_dataframe())
+    assert len(load_log(watch.log_paths[0])) == 5
+
+
+def test_to_csv_and_parquet_round_trip(tmp_path):
+    watch = MemWatch(probes="host")
+    fit(watch, epochs=1)
+    watch.to_csv(tmp_path / "m.csv")
+    pd.testing.assert_frame_equal(load_log(tmp_path / "m.csv"), watch.to_dataframe())
+    pytest.importorskip("pyarrow")
+    watch.to_parquet(tmp_path / "m.parquet")
+    back = pd.read_parquet(tmp_path / "m.parquet")
+    assert back["peak_bytes"].tolist() == watch.to_dataframe()["peak_bytes"].tolist()
+
+
+def scripted(working_mib, static_mib=500):
+    """Fake GPU readings: train begin, then one (current, peak) per batch."""
+    values = [(static_mib * MIB, static_mib * MIB)]
+    values += [(static_mib * MIB, (static_mib + w) * MIB) for w in working_mib]
+    return FakeProbe(values)
+
+
+def test_spikes_are_flagged_logged_and_passed_to_on_spike(memwatch_logs):
+    working = [40, 41, 39, 40, 42, 40, 400, 41, 40, 39, 40, 41, 40, 420, 40, 40]
+    events = []
+    watch = MemWatch(probes=[scripted(working)], on_spike=events.append)
+    fit(watch, epochs=1, n=256)  # 16 batches
+    frame = watch.to_dataframe()
+    assert frame.loc[frame["spike"], "batch"].tolist() == [6, 13]
+    assert [(e.batch, e.device) for e in events] == [(6, "GPU:0"), (13, "GPU:0")]
+    spikes = watch.spikes
+    assert spikes["batch"].tolist() == [6, 13]
+    assert spikes["peak_bytes"].tolist() == [900 * MIB, 920 * MIB]
+    assert spikes["ratio"].round(1).tolist() == [10.0, 10.5]
+    alerts = [r.getMessage() for r in memwatch_logs.records if r.levelno == logging.WARNING]
+    assert alerts == [
+        "memory spike at epoch 0 batch 6 on GPU:0: peak 900 MiB vs baseline 540 MiB "
+        "(this step needed 400 MiB, 10.0x the usual 40.0 MiB)",
+        "memory spike at epoch 0 batch 13 on GPU:0: peak 920 MiB vs baseline 540 MiB "
+        "(this step needed 420 MiB, 10.5x the usual 40.0 MiB)",
+    ]
+    baseline = frame["baseline_bytes"]
+    assert baseline.iloc[:6].isna().all()  # train begin and warm-up
+    assert (baseline.iloc[6:] == 540 * MIB).all()
+
+
+def test_verbose_0_records_spikes_silently(memwatch_logs):
+    watch = MemWatch(probes=[scripted([40] * 8 + [500] + [40] * 7)], verbose=0)
+    fit(watch, epochs=1, n=256)
+    assert watch.spikes["batch"].tolist() == [8]
+    assert not [r for r in memwatch_logs.records if r.levelno >= logging.WARNING]
+
+
+def test_on_spike_may_stop_training():
+    watch = MemWatch(probes=[scripted([40] * 8 + [500] + [40] * 7)])
+    watch.on_spike = lambda event: setattr(watch.model, "stop_training", True)
+    fit(watch, epochs=3, n=256)
+    assert watch.to_dataframe()["epoch"].max() == 0
+
+
+def test_on_spike_errors_do_not_stop_training(memwatch_logs):
+    def broken(event):
+        raise RuntimeError("user bug")
+
+    watch = MemWatch(probes=[scripted([40] * 8 + [500] + [40] * 7)], on_spike=broken)
+    fit(watch, epochs=1, n=256)
+    assert len(watch.to_dataframe()) == 17
+    assert "user bug" in memwatch_logs.text
+
+
+def test_a_failing_probe_never_crashes_fit(memwatch_logs):
+    probe = FakeProbe([RuntimeError("NVML: GPU is lost")])
+    watch = MemWatch(probes=[probe, "host"])
+    fit(watch, epochs=2)
+    frame = watch.to_dataframe()
+    assert len(frame) == 18  # every sample kept, GPU values missing
+    assert frame.loc[frame["device"] == "GPU:0", "peak_bytes"].isna().all()
+    assert memwatch_logs.text.count("GPU is lost") == 1
+
+
+def test_summary_names_devices_peaks_and_sources():
+    watch = MemWatch(probes="host")
+    fit(watch, epochs=1)
+    text = watch.summary()
+    assert "host: peak" in text and "MiB" in text
+    assert "since the previous sample" in text or "high-water" in text
