@@ -330,6 +330,34 @@ class MemWatch(keras.callbacks.Callback):
             columns=list(_SPIKE_COLUMNS),
         )
 
+    def breakdown(self, batch_size: Optional[int] = None) -> dict:
+        """Where the memory went: weights, optimizer state and the
+        transient part of a step, in bytes.
+
+        Args:
+            batch_size: the training batch size, to express the transient
+                part per sample. Defaults to `None` (not expressed).
+        """
+        from keras_memwatch.breakdown import memory_breakdown
+
+        return memory_breakdown(self.model, self.to_dataframe(), batch_size)
+
+    def plot(self, path: Optional[PathLike] = None, ax: Any = None) -> Any:
+        """Draws memory over steps per device (needs matplotlib).
+
+        Args:
+            path: save the figure there (`.png`, `.svg`, ...). Defaults to
+                `None`.
+            ax: draw into this matplotlib `Axes`. Defaults to `None` (a new
+                figure).
+
+        Returns:
+            The matplotlib `Figure`.
+        """
+        from keras_memwatch.plot import plot_memory
+
+        return plot_memory(self.to_dataframe(), self.spikes, path=path, ax=ax)
+
     def summary(self) -> str:
         """A short report of the last fit: peak and typical memory per
         device, limit and headroom, spikes, drift, and what each source
