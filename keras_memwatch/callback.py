@@ -157,6 +157,12 @@ class MemWatch(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self._close()
         devices = self._sampler.start()
+        if "host" in self._sampler.notes and _onednn_keeps_memory(devices):
+            self._sampler.notes["host"] += (
+                "; TensorFlow's oneDNN CPU allocator keeps freed memory, so "
+                "after the first oversized batch host peaks stay flat: set "
+                "TF_ENABLE_ONEDNN_OPTS=0 before importing TensorFlow to see "
+                "every one")
         self._recorder.reset(self._sampler.device_columns)
         self._monitor = SpikeMonitor(
             devices, self.window, self.threshold, self.min_delta_mb,
@@ -386,3 +392,10 @@ def _nth_path(path: str, n: int) -> str:
         return path
     stem, ext = os.path.splitext(path)
     return f"{stem}.{n}{ext}"
+
+
+def _onednn_keeps_memory(devices: tuple[str, ...]) -> bool:
+    """TensorFlow on the CPU with oneDNN on (its default)."""
+    return (keras.backend.backend() == "tensorflow"
+            and devices == ("host",)
+            and os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1") != "0")
