@@ -3,7 +3,7 @@ sampler, the spike monitor judges, the recorder and the log keep."""
 
 from __future__ import annotations
 
-import collections
+import functools
 import logging
 import os
 import threading
@@ -19,12 +19,28 @@ from keras_memwatch.probes import resolve_probes
 from keras_memwatch.recorder import Recorder
 from keras_memwatch.report import summarize
 from keras_memwatch.sampler import Sampler
+from keras_memwatch.sequencer import Sequencer
 from keras_memwatch.spikes import SpikeEvent, SpikeMonitor
 from keras_memwatch.units import MIB
 
 logger = logging.getLogger("keras_memwatch")
 
-_MAX_WAIT_S = 1.0  # how long a batch waits for an earlier one's sample
+
+
+def _never_raises(hook: Callable) -> Callable:
+    """Keeps a fault inside MemWatch from ending the user's training."""
+
+    @functools.wraps(hook)
+    def guarded(self, *args, **kwargs):
+        try:
+            return hook(self, *args, **kwargs)
+        except Exception as e:
+            if hook.__name__ not in self._faults:
+                self._faults.add(hook.__name__)
+                logger.warning("MemWatch %s failed (%r); training goes on",
+                               hook.__name__, e, exc_info=True)
+
+    return guarded
 
 _SPIKE_COLUMNS = ("step", "epoch", "batch", "device", "peak_bytes",
                   "baseline_bytes", "ratio", "working_bytes",
@@ -147,15 +163,16 @@ class MemWatch(keras.callbacks.Callback):
         self._sampler = Sampler(self._probes)
         self._recorder = Recorder(self.max_rows)
         self._lock = threading.Lock()
-        self._turn = threading.Condition(self._lock)
         self._monitor: Optional[SpikeMonitor] = None
         self._log: Optional[CsvLog] = None
-        self._fits = 0
+        self._training = False
+        self._faults: set[str] = set()
 
     # -- Keras hooks -------------------------------------------------------
 
     def on_train_begin(self, logs=None):
         self._close()
+        self._faults = set()
         devices = self._sampler.start()
         if "host" in self._sampler.notes and _onednn_keeps_memory(devices):
             self._sampler.notes["host"] += (
@@ -168,24 +185,20 @@ class MemWatch(keras.callbacks.Callback):
             devices, self.window, self.threshold, self.min_delta_mb,
             self.warmup, alert=self.verbose > 0)
         if self.log_path is not None:
-            path = _nth_path(self.log_path, self._fits)
-            self._log = CsvLog(path)
-            self.log_paths.append(path)
-        self._fits += 1
+            self._log = CsvLog(_free_path(self.log_path, len(self.log_paths)))
+            self.log_paths.append(self._log.path)
         self._spe = max(int(getattr(self.model, "steps_per_execution", 1) or 1), 1)
+        self._sequence = Sequencer(self._lock)
         self._epoch = 0
         self._step = 0
-        self._expected: collections.deque = collections.deque()
-        self._pending: dict[tuple, tuple] = {}
         self._t0 = time.perf_counter()
-        self._primary = next(
-            (i for i, d in enumerate(devices) if d != "host"), 0)
+        self._primary = next((i for i, d in enumerate(devices) if d != "host"), 0)
         self._epoch_peak: Optional[int] = None
         self._last_current: Optional[int] = None
         self._undelivered: list[SpikeEvent] = []
         self._training = True
         with self._lock:
-            self._commit(("train", 0, None), self._sampler.sample(), judged=False)
+            self._commit(("train", 0, None), (0.0, self._sampler.sample()))
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -203,18 +216,21 @@ class MemWatch(keras.callbacks.Callback):
     def on_test_batch_end(self, batch, logs=None):
         self._sample("test", batch, logs)
 
+    @_never_raises
     def on_epoch_end(self, epoch, logs=None):
+        if not self._training:
+            return
         with self._lock:
             self._flush()
             self._monitor.end_epoch(epoch)
-            if self.add_to_logs and logs is not None and self._epoch_peak is not None:
-                logs["mem_peak_mib"] = self._epoch_peak / MIB
-                current = self._last_current
-                if current is not None:
-                    logs["mem_current_mib"] = current / MIB
+            if self.add_to_logs and logs is not None:
+                _add_metrics(logs, self._epoch_peak, self._last_current)
         self._deliver()
 
+    @_never_raises
     def on_train_end(self, logs=None):
+        if not self._training:
+            return
         with self._lock:
             self._flush()
             self._training = False
@@ -230,69 +246,58 @@ class MemWatch(keras.callbacks.Callback):
         n = self.every_n_batches
         return (batch + 1) // n > (batch + 1 - self._spe) // n
 
+    @_never_raises
     def _expect(self, phase: str, begin: int) -> None:
-        if not getattr(self, "_training", False):
+        if not self._training:
             return
         self._deliver()
         end = begin + self._spe - 1
         if self._due(end):
             with self._lock:
-                self._expected.append((phase, self._epoch, end))
+                self._sequence.expect((phase, self._epoch, end))
 
+    @_never_raises
     def _sample(self, phase: str, batch: int, logs) -> None:
-        if not getattr(self, "_training", False) or not self._due(batch):
+        if not self._training or not self._due(batch):
             return
-        try:
-            with self._turn:
-                key = (phase, self._epoch, batch)
-                # Worker threads may arrive out of order: let earlier
-                # batches sample first, so each peak belongs to its batch.
-                if key in self._expected:
-                    self._turn.wait_for(lambda: self._expected[0] == key, _MAX_WAIT_S)
-                sample = (round(time.perf_counter() - self._t0, 6),
-                          self._sampler.sample())
-                if self._expected and self._expected[0] != key:
-                    self._pending[key] = sample
-                else:
-                    if self._expected:
-                        self._expected.popleft()
-                    self._commit(key, sample[1], phase == "train", sample[0])
-                    while self._expected and self._expected[0] in self._pending:
-                        next_key = self._expected.popleft()
-                        t, rows = self._pending.pop(next_key)
-                        self._commit(next_key, rows, next_key[0] == "train", t)
-                self._turn.notify_all()
-                if self.add_to_logs and logs is not None and phase == "train":
-                    row = sample[1][self._primary] if sample[1] else {}
-                    if row.get("peak_bytes") is not None:
-                        logs["mem_peak_mib"] = row["peak_bytes"] / MIB
-                    if row.get("current_bytes") is not None:
-                        logs["mem_current_mib"] = row["current_bytes"] / MIB
-        except Exception as e:  # never take training down
-            logger.warning("MemWatch failed to record batch %s: %r", batch, e)
+        with self._lock:
+            key = (phase, self._epoch, batch)
+            # Let earlier batches sample first, so each peak is its batch's.
+            self._sequence.wait_turn(key)
+            rows = self._sampler.sample()
+            sample = (round(time.perf_counter() - self._t0, 6), rows)
+            for due in self._sequence.arrive(key, sample):
+                self._commit(*due)
+        if self.add_to_logs and logs is not None and phase == "train" and rows:
+            row = rows[self._primary]
+            _add_metrics(logs, row["peak_bytes"], row["current_bytes"])
 
     def _flush(self) -> None:
-        """Commits samples still waiting for an earlier one that never came."""
-        order = {key: i for i, key in enumerate(self._expected)}
-        for key in sorted(self._pending, key=lambda k: order.get(k, len(order))):
-            t, rows = self._pending.pop(key)
-            self._commit(key, rows, key[0] == "train", t)
-        self._expected.clear()
+        for due in self._sequence.flush():
+            self._commit(*due)
 
-    def _commit(self, key: tuple, rows: list, judged: bool,
-                time_s: float = 0.0) -> None:
+    def _commit(self, key: tuple, sample: tuple) -> None:
+        """Judges, records and streams one sample (holding the lock)."""
         phase, epoch, batch = key
+        time_s, rows = sample
         step = self._step
         self._step += 1
+        judged = phase == "train" and batch is not None
         events = self._monitor.judge(step, epoch, batch, judged, rows)
         self._recorder.append(epoch, batch, phase, time_s, rows)
         if self._log is not None:
-            self._log.write(step, epoch, batch, phase, time_s,
-                            self._sampler.devices, rows)
+            try:
+                self._log.write(step, epoch, batch, phase, time_s,
+                                self._sampler.devices, rows)
+            except OSError as e:
+                logger.warning("cannot write %s (%s); streaming stops, the "
+                               "record in memory goes on", self._log.path, e)
+                self._log.close()
+                self._log = None
         if rows and phase == "train":
             row = rows[self._primary]
-            self._last_current = row.get("current_bytes")
-            peak = row.get("peak_bytes")
+            self._last_current = row["current_bytes"]
+            peak = row["peak_bytes"]
             if peak is not None and (self._epoch_peak is None or peak > self._epoch_peak):
                 self._epoch_peak = peak
         if self.on_spike is not None:
@@ -387,11 +392,19 @@ class MemWatch(keras.callbacks.Callback):
         self.to_dataframe().to_parquet(path, index=False)
 
 
-def _nth_path(path: str, n: int) -> str:
-    if n == 0:
-        return path
+def _free_path(path: str, n: int) -> str:
+    """`path` for the first fit; `stem.N.csv` with the next free N after."""
     stem, ext = os.path.splitext(path)
-    return f"{stem}.{n}{ext}"
+    while n and os.path.lexists(f"{stem}.{n}{ext}"):
+        n += 1
+    return f"{stem}.{n}{ext}" if n else path
+
+
+def _add_metrics(logs: dict, peak: Optional[int], current: Optional[int]) -> None:
+    if peak is not None:
+        logs["mem_peak_mib"] = peak / MIB
+    if current is not None:
+        logs["mem_current_mib"] = current / MIB
 
 
 def _onednn_keeps_memory(devices: tuple[str, ...]) -> bool:

@@ -2,7 +2,7 @@
 
 The sampler turns the probes' readings into one row per device: a dict of
 source columns plus `current_bytes` and `peak_bytes`, the best value each
-sample has. A probe that raises or returns garbage gives missing values, is
+sample has. A probe that raises, returns garbage or is too slow gives missing values, is
 reported once per fit, and is switched off after `max_failures` failures in
 a row; nothing it does escapes `sample()`.
 """
@@ -10,6 +10,7 @@ a row; nothing it does escapes `sample()`.
 from __future__ import annotations
 
 import logging
+from time import perf_counter
 from collections.abc import Sequence
 from typing import Optional
 
@@ -34,11 +35,15 @@ class Sampler:
         probes: the probes to read.
         max_failures: consecutive failures after which a probe is switched
             off for the rest of the fit. Defaults to `10`.
+        slow_s: a read slower than this counts as a failure, its values
+            as missing. Defaults to `0.5`.
     """
 
-    def __init__(self, probes: Sequence[Probe], max_failures: int = 10):
+    def __init__(self, probes: Sequence[Probe], max_failures: int = 10,
+                 slow_s: float = 0.5):
         self.probes = list(probes)
         self.max_failures = max_failures
+        self.slow_s = slow_s
         self.devices: tuple[str, ...] = ()
         self.device_columns: dict[str, tuple[str, ...]] = {}
         self.notes: dict[str, str] = {}
@@ -99,7 +104,12 @@ class Sampler:
             ):
                 continue
             try:
+                began = perf_counter()
                 readings = probe.read()
+                took = perf_counter() - began
+                if took > self.slow_s:
+                    raise TimeoutError(
+                        f"one read took {took:.2f} s (limit {self.slow_s:g} s)")
                 if len(readings) != len(slots):
                     raise ValueError(
                         f"returned {len(readings)} readings for "

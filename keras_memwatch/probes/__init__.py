@@ -34,8 +34,8 @@ def make_probe(name: str) -> Probe:
     """Builds the probe registered under `name` (no source is opened)."""
     if name not in _REGISTRY:
         raise ValueError(
-            f"Expected a probe name among {sorted(_REGISTRY)}. "
-            f"Received: probes={name!r}"
+            f"Expected `probes` to name probes among {sorted(_REGISTRY)}, "
+            f"or 'auto'. Received: probes={name!r}"
         )
     module_name, class_name = _REGISTRY[name].split(":")
     return getattr(importlib.import_module(module_name), class_name)()
@@ -70,7 +70,7 @@ def resolve_probes(spec: ProbeSpec, backend: str) -> list[Probe]:
         else:
             raise TypeError(
                 "Expected each entry of `probes` to be a probe name or a "
-                f"keras_memwatch Probe instance. Received: {item!r}"
+                f"keras_memwatch Probe instance. Received: probes=[..., {item!r}, ...]"
             )
     return probes
 

@@ -1,0 +1,66 @@
+"""Puts samples taken on Keras's worker threads back in batch order.
+
+With async dispatch (JAX, PyTorch), Keras calls batch-begin hooks in order
+on the training thread but runs batch-end hooks on a thread pool, where
+they can arrive out of order. The sequencer learns the order from the
+begin hooks, makes a late-arriving batch wait (briefly) for its turn, and
+releases samples strictly in that order.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Hashable
+from typing import Any
+
+Key = Hashable
+
+
+class Sequencer:
+    """Releases items in the order their keys were announced.
+
+    Args:
+        lock: the lock guarding the caller's state; `wait_turn` and
+            `arrive` must be called holding it.
+        max_wait_s: how long a key waits for the keys before it. Past that
+            it goes on out of turn rather than stall training. Defaults to
+            `1.0`.
+    """
+
+    def __init__(self, lock: threading.Lock, max_wait_s: float = 1.0):
+        self._turn = threading.Condition(lock)
+        self.max_wait_s = max_wait_s
+        self._expected: collections.deque = collections.deque()
+        self._waiting: dict[Key, Any] = {}
+
+    def expect(self, key: Key) -> None:
+        """Announces the next key (holding the lock)."""
+        self._expected.append(key)
+
+    def wait_turn(self, key: Key) -> None:
+        """Blocks until every key announced before `key` has arrived."""
+        if key in self._expected:
+            self._turn.wait_for(lambda: self._expected[0] == key, self.max_wait_s)
+
+    def arrive(self, key: Key, item: Any) -> list[tuple[Key, Any]]:
+        """Hands in the item of `key`; returns the items now due, in order."""
+        self._waiting[key] = item
+        due = []
+        if key not in self._expected:  # never announced: due at once
+            due.append((key, self._waiting.pop(key)))
+        while self._expected and self._expected[0] in self._waiting:
+            head = self._expected.popleft()
+            due.append((head, self._waiting.pop(head)))
+        if due:
+            self._turn.notify_all()
+        return due
+
+    def flush(self) -> list[tuple[Key, Any]]:
+        """Returns every waiting item in announced order and forgets the
+        keys that never arrived (their batch ended without a sample)."""
+        order = {key: i for i, key in enumerate(self._expected)}
+        keys = sorted(self._waiting, key=lambda k: order.get(k, len(order)))
+        self._expected.clear()
+        self._turn.notify_all()
+        return [(key, self._waiting.pop(key)) for key in keys]
