@@ -2,7 +2,8 @@
 
 The sampler turns the probes' readings into one row per device: a dict of
 source columns plus `current_bytes` and `peak_bytes`, the best value each
-sample has. A probe that raises, returns garbage or is too slow gives missing values, is
+sample has. Where no peak since the previous sample can be known, `peak_bytes`
+falls back to `current_bytes`. A probe that raises, returns garbage or is too slow gives missing values, is
 reported once per fit, and is switched off after `max_failures` failures in
 a row; nothing it does escapes `sample()`.
 """
@@ -50,7 +51,8 @@ class Sampler:
         self._active: list[tuple[Probe, list[int]]] = []
         self._failures: dict[str, int] = {}
         self._warned: set[str] = set()
-        self._peak_column: list[Optional[str]] = []
+        self._peak_column: list[Optional[tuple[str, bool]]] = []
+        self._high_water: list[Optional[int]] = []
         self._current_columns: list[tuple[str, ...]] = []
 
     def start(self) -> tuple[str, ...]:
@@ -61,7 +63,7 @@ class Sampler:
         self.close()
         devices: list[str] = []
         columns: dict[str, list[str]] = {}
-        peak_column: dict[str, str] = {}
+        peak_column: dict[str, tuple[str, bool]] = {}
         self._active, self._failures, self._warned = [], {}, set()
         for probe in self.probes:
             try:
@@ -83,12 +85,13 @@ class Sampler:
                 columns[device].extend(probe.columns)
                 slots.append(devices.index(device))
                 for col in probe.columns:
-                    if col in _PEAKS and probe.peak_per_sample:
-                        peak_column[device] = col
+                    if col in _PEAKS and device not in peak_column:
+                        peak_column[device] = (col, probe.peak_per_sample)
             self._active.append((probe, slots))
         self.devices = tuple(devices)
         self.device_columns = {d: tuple(columns[d]) for d in devices}
         self._peak_column = [peak_column.get(d) for d in devices]
+        self._high_water = [None] * len(devices)
         self._current_columns = [
             _HOST_CURRENT if d == C.HOST_DEVICE else _GPU_CURRENT
             for d in devices
@@ -129,13 +132,28 @@ class Sampler:
                 current = row.get(col)
                 if current is not None:
                     break
-            peak_col = self._peak_column[i]
-            peak = row.get(peak_col) if peak_col else None
+            peak = self._peak(i, row)
             if peak is None or (current is not None and peak < current):
                 peak = current
             row["current_bytes"] = current
             row["peak_bytes"] = peak
         return rows
+
+    def _peak(self, i: int, row: Row) -> Optional[int]:
+        """The peak since the previous sample, where it can be known.
+
+        A resettable peak is that by definition. A high-water mark (JAX) is
+        only when it rose since the previous sample: then the new mark was
+        reached in between. Otherwise the peak is unknown (None).
+        """
+        if self._peak_column[i] is None:
+            return None
+        col, per_sample = self._peak_column[i]
+        peak = row.get(col)
+        if per_sample or peak is None:
+            return peak
+        last, self._high_water[i] = self._high_water[i], peak
+        return peak if last is not None and peak > last else None
 
     def _checked(self, probe: Probe, col: str, value: object) -> Optional[int]:
         if value is None:

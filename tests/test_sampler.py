@@ -118,3 +118,15 @@ def test_wrong_number_of_readings_is_a_probe_failure(fake_probe_cls):
     sampler.start()
     (row,) = sampler.sample()
     assert row["current_bytes"] is None
+
+
+def test_a_high_water_mark_counts_as_peak_only_when_it_rises(fake_probe_cls):
+    readings = [(100, 5000), (100, 5000), (120, 9000), (110, 9000), (130, 9000)]
+    probe = fake_probe_cls(readings)
+    probe.peak_per_sample = False  # JAX: peak_bytes_in_use never resets
+    sampler = Sampler([probe])
+    sampler.start()
+    peaks = [sampler.sample()[0]["peak_bytes"] for _ in readings]
+    # First sample: the mark predates the fit. Third: it rose to 9000
+    # between two samples, so that interval's peak is exactly 9000.
+    assert peaks == [100, 100, 9000, 110, 130]

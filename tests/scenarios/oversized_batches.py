@@ -17,7 +17,11 @@ import numpy as np  # noqa: E402
 
 from keras_memwatch import MemWatch  # noqa: E402
 
-SMALL, LARGE, EVERY, BATCHES = 4, 96, 15, 45
+# CPU: judged on host peak RSS. GPU (--gpu): the H200 scenario, judged on
+# the allocator (4 x Conv2D(128) on 128x128x3, batches of 8, 128 every 20th).
+GPU = "--gpu" in sys.argv
+SMALL, LARGE, EVERY, BATCHES = (8, 128, 20, 60) if GPU else (4, 96, 15, 45)
+SIDE, CHANNELS, LAYERS = (128, 128, 4) if GPU else (64, 64, 2)
 
 
 class Oversized(keras.utils.PyDataset):
@@ -30,30 +34,31 @@ class Oversized(keras.utils.PyDataset):
 
     def __getitem__(self, index):
         n = LARGE if (index + 1) % EVERY == 0 else SMALL
-        x = self.rng.normal(size=(n, 64, 64, 3)).astype("float32")
+        x = self.rng.normal(size=(n, SIDE, SIDE, 3)).astype("float32")
         y = self.rng.integers(0, 10, size=(n,))
         return x, y
 
 
 def main():
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([
-        keras.Input((64, 64, 3)),
-        keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
-        keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
-        keras.layers.GlobalAveragePooling2D(),
-        keras.layers.Dense(10),
-    ])
+    model = keras.Sequential(
+        [keras.Input((SIDE, SIDE, 3))]
+        + [keras.layers.Conv2D(CHANNELS, 3, padding="same", activation="relu")
+           for _ in range(LAYERS)]
+        + [keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
     model.compile(optimizer="adam",
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     watch = MemWatch(verbose=0)
     model.fit(Oversized(), epochs=1, shuffle=False, callbacks=[watch], verbose=0)
-    host = watch.spikes[watch.spikes["device"] == "host"]
-    frame = watch.to_dataframe()
-    rows = frame[(frame["device"] == "host") & frame["batch"].notna()]
+    spikes, frame = watch.spikes, watch.to_dataframe()
+    device = "GPU:0" if GPU else "host"
+    rows = frame[(frame["device"] == device) & frame["batch"].notna()]
     print(json.dumps({
-        "flagged": host["batch"].tolist(),
+        "flagged": spikes.loc[spikes["device"] == device, "batch"].tolist(),
+        "flagged_by_device": {d: g["batch"].tolist()
+                              for d, g in spikes.groupby("device", observed=True)},
         "oversized": [i for i in range(BATCHES) if (i + 1) % EVERY == 0],
+        "peak_mib": (rows["peak_bytes"] / 2**20).round(1).fillna(-1).tolist(),
         "working_mib": ((rows["peak_bytes"] - rows["current_bytes"].shift(1))
                         / 2**20).round(1).fillna(-1).tolist(),
     }))
