@@ -454,13 +454,14 @@ def _nvml_visible_totals() -> _NvmlView:
     except Exception as error:  # NVMLError_LibraryNotFound, DriverNotLoaded...
         return _NvmlView(None, f"NVML is unavailable ({error})")
     try:
+        from keras_memwatch.probes.nvml import visible_handles
+
         count = pynvml.nvmlDeviceGetCount()
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         visible_env = os.environ.get("CUDA_VISIBLE_DEVICES")
         if visible_env is None:
-            chosen = handles
+            chosen = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         else:
-            chosen = _cuda_visible_handles(pynvml, handles, visible_env)
+            chosen = visible_handles(pynvml, visible_env, count)
         return _NvmlView([_cuda_total(pynvml, h) for h in chosen])
     except Exception as error:
         return _NvmlView(None, f"NVML query failed ({error})")
@@ -469,34 +470,6 @@ def _nvml_visible_totals() -> _NvmlView:
             pynvml.nvmlShutdown()
         except Exception:  # pragma: no cover - shutdown failure is harmless
             pass
-
-
-def _cuda_visible_handles(pynvml: Any, handles: list[Any], visible: str) -> list[Any]:
-    uuids: Optional[list[str]] = None
-    chosen: list[Any] = []
-    seen: set[int] = set()
-    for token in (t.strip() for t in visible.split(",")):
-        handle = None
-        if re.fullmatch(r"\d+", token):
-            index = int(token)
-            handle = handles[index] if index < len(handles) else None
-        elif token.upper().startswith("GPU-"):
-            if uuids is None:
-                uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h in handles]
-            matches = [
-                h for h, u in zip(handles, uuids) if u.lower().startswith(token.lower())
-            ]
-            handle = matches[0] if len(matches) == 1 else None
-        elif token.upper().startswith("MIG-"):
-            try:
-                handle = pynvml.nvmlDeviceGetHandleByUUID(token)
-            except Exception:
-                handle = None
-        if handle is None or id(handle) in seen:
-            break  # CUDA ignores this entry and every one after it
-        seen.add(id(handle))
-        chosen.append(handle)
-    return chosen
 
 
 def _cuda_total(pynvml: Any, handle: Any) -> int:
@@ -515,10 +488,6 @@ def _cuda_total(pynvml: Any, handle: Any) -> int:
         except Exception:  # older driver: fall back to the plain total
             pass
     return int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _nvidia_driver_present() -> bool:

@@ -94,7 +94,7 @@ class NvmlProbe(Probe):
         if visible is None:
             handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         else:
-            handles = _visible_handles(pynvml, visible, count)
+            handles = visible_handles(pynvml, visible, count)
         if not handles:
             where = (
                 "NVML reports no GPU"
@@ -176,7 +176,7 @@ def _message(e: BaseException) -> str:
     return str(e) or type(e).__name__
 
 
-def _visible_handles(pynvml: Any, visible: str, count: int) -> list[Any]:
+def visible_handles(pynvml: Any, visible: str, count: int) -> list[Any]:
     """NVML handles for `CUDA_VISIBLE_DEVICES`, in CUDA's order."""
     uuids: Optional[list[str]] = None
     handles: list[Any] = []
