@@ -25,6 +25,9 @@ from keras_memwatch.units import MIB
 
 logger = logging.getLogger("keras_memwatch")
 
+_SPIKE_COLUMNS = ("step", "epoch", "batch", "device", "peak_bytes",
+                  "baseline_bytes", "ratio", "working_bytes",
+                  "usual_working_bytes")
 
 
 def _never_raises(hook: Callable) -> Callable:
@@ -41,10 +44,6 @@ def _never_raises(hook: Callable) -> Callable:
                                hook.__name__, e, exc_info=True)
 
     return guarded
-
-_SPIKE_COLUMNS = ("step", "epoch", "batch", "device", "peak_bytes",
-                  "baseline_bytes", "ratio", "working_bytes",
-                  "usual_working_bytes")
 
 
 class MemWatch(keras.callbacks.Callback):
