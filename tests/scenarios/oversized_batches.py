@@ -48,7 +48,7 @@ def main():
         + [keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
     model.compile(optimizer="adam",
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    watch = MemWatch(verbose=0)
+    watch = MemWatch(verbose=int(os.environ.get("MEMWATCH_VERBOSE", "0")))
     model.fit(Oversized(), epochs=1, shuffle=False, callbacks=[watch], verbose=0)
     spikes, frame = watch.spikes, watch.to_dataframe()
     device = "GPU:0" if GPU else "host"
