@@ -330,6 +330,30 @@ class DriftEvent:
         )
 
 
+class RollingMedian:
+    """The median of the last `window` values, O(window) memmove per push.
+
+    Args:
+        window: how many values the median is taken over.
+    """
+
+    __slots__ = ("window", "_values", "_sorted")
+
+    def __init__(self, window: int) -> None:
+        self.window = _check_int("window", window, 1)
+        self._values: deque = deque()
+        self._sorted: list = []
+
+    def push(self, value: float) -> float:
+        """Adds a value; returns the median of the window."""
+        ordered = self._sorted
+        if len(self._values) == self.window:
+            del ordered[bisect_left(ordered, self._values.popleft())]
+        self._values.append(value)
+        insort(ordered, value)
+        return _median(ordered)
+
+
 class DriftMonitor:
     """Reports steady growth of the baseline, within an epoch or across epochs.
 

@@ -17,7 +17,8 @@ import logging
 from collections.abc import Sequence
 from typing import Optional
 
-from keras_memwatch.detector import DriftEvent, DriftMonitor, SpikeDetector
+from keras_memwatch.detector import (DriftEvent, DriftMonitor, RollingMedian,
+                                    SpikeDetector)
 from keras_memwatch.units import format_bytes
 
 logger = logging.getLogger("keras_memwatch")
@@ -90,6 +91,9 @@ class SpikeMonitor:
             for _ in self.devices
         ]
         self._drift = [DriftMonitor(min_delta_mb) for _ in self.devices]
+        # Drift is judged on the memory held between steps, smoothed so that
+        # an allocator's sawtooth is not mistaken for growth.
+        self._level = [RollingMedian(window) for _ in self.devices]
         self._before: list[Optional[int]] = [None] * len(self.devices)
         self._burst: list[list[SpikeEvent]] = [[] for _ in self.devices]
         self.events: list[SpikeEvent] = []
@@ -121,7 +125,8 @@ class SpikeMonitor:
             working = max(peak - before, 0)
             detector = self._detectors[i]
             spike = detector.update(working)
-            self._drift[i].update(current)
+            if current is not None:
+                self._drift[i].update(self._level[i].push(current))
             if detector.baseline is None:
                 continue
             usual = int(detector.baseline)

@@ -224,3 +224,24 @@ def test_summary_names_devices_peaks_and_sources():
     text = watch.summary()
     assert "host: peak" in text and "MiB" in text
     assert "since the previous sample" in text or "high-water" in text
+
+
+def test_a_leak_is_reported_once_per_epoch_not_as_spikes(memwatch_logs):
+    # 2 MiB more held after every step, 40 MiB of working memory each.
+    values = [(500 * MIB, 500 * MIB)]
+    values += [((500 + 2 * i) * MIB, (540 + 2 * i) * MIB) for i in range(1, 129)]
+    watch = MemWatch(probes=[FakeProbe(values)])
+    fit(watch, epochs=2, n=1024)  # 64 batches an epoch
+    assert watch.spikes.empty
+    drift = [r.getMessage() for r in memwatch_logs.records if "drift" in r.getMessage()]
+    assert len(drift) == 2
+    assert drift[0].startswith("memory drift on GPU:0 in epoch 0: baseline grew from")
+
+
+def test_an_allocator_sawtooth_is_not_a_leak(memwatch_logs):
+    values = [(500 * MIB, 500 * MIB)]
+    values += [((500 + 20 * (i % 8)) * MIB, (540 + 20 * (i % 8)) * MIB) for i in range(1, 129)]
+    watch = MemWatch(probes=[FakeProbe(values)])
+    fit(watch, epochs=2, n=1024)
+    assert watch.spikes.empty
+    assert "drift" not in memwatch_logs.text

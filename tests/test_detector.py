@@ -529,3 +529,10 @@ def test_valid_edge_arguments():
 def test_drift_monitor_validates_min_delta(value, error):
     with pytest.raises(error, match="`min_delta_mb`"):
         DriftMonitor(min_delta_mb=value)
+
+
+def test_rolling_median_follows_the_last_window_values():
+    from keras_memwatch.detector import RollingMedian
+
+    median = RollingMedian(3)
+    assert [median.push(v) for v in (5, 1, 9, 7, 8, 2)] == [5, 3, 5, 7, 8, 7]
