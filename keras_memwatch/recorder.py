@@ -19,6 +19,7 @@ import pandas as pd
 from keras_memwatch import columns as C
 
 _MISSING = -1  # bytes, epochs and batches are never negative
+_BLOCK = 256  # rows a device buffers before moving them into its arrays
 _PHASE_CODE = {p: i for i, p in enumerate(C.PHASES)}
 
 # column -> array typecode
@@ -27,30 +28,53 @@ _DERIVED = ("peak_bytes", "current_bytes", "baseline_bytes")
 
 
 class _DeviceColumns:
+    """One device's columns. Rows wait in a short list of tuples and are
+    moved into the typed arrays a block at a time, column by column, which
+    costs far less per row than appending each value."""
+
     def __init__(self, sources: Sequence[str], max_rows: Optional[int]):
         self.names = tuple(_META) + _DERIVED + tuple(sources)
         self.bytes_names = _DERIVED + tuple(sources)
         self.data = [array(_META.get(n, "q")) for n in self.names]
         self.max_rows = max_rows
-        self.total = 0  # rows ever appended
+        self.pending: list[tuple] = []
+        self.stored = 0  # rows ever moved into the arrays
 
-    def append(self, values: Sequence[object]) -> None:
-        if self.max_rows is None or self.total < self.max_rows:
-            for column, value in zip(self.data, values):
-                column.append(value)  # type: ignore[arg-type]
-        else:
-            i = self.total % self.max_rows
-            for column, value in zip(self.data, values):
-                column[i] = value  # type: ignore[call-overload]
-        self.total += 1
+    @property
+    def total(self) -> int:
+        """Rows ever appended."""
+        return self.stored + len(self.pending)
+
+    def append(self, values: tuple) -> None:
+        self.pending.append(values)
+        if len(self.pending) >= _BLOCK:
+            self.flush()
+
+    def flush(self) -> None:
+        rows, self.pending = self.pending, []
+        columns = list(zip(*rows))
+        done, n, cap = 0, len(rows), self.max_rows
+        while done < n:
+            if cap is None or self.stored < cap:  # still growing
+                take = n - done if cap is None else min(n - done, cap - self.stored)
+                for column, values in zip(self.data, columns):
+                    column.extend(values[done:done + take])
+            else:  # a full ring: overwrite the oldest rows
+                i = self.stored % cap
+                take = min(n - done, cap - i)
+                for column, values in zip(self.data, columns):
+                    column[i:i + take] = array(column.typecode, values[done:done + take])
+            self.stored += take
+            done += take
 
     def numpy(self, name: str) -> np.ndarray:
+        self.flush()
         column = self.data[self.names.index(name)]
         values = np.frombuffer(column, dtype=column.typecode) if column else (
             np.empty(0, dtype=column.typecode)
         )
-        if self.max_rows is not None and self.total > self.max_rows:
-            values = np.roll(values, -(self.total % self.max_rows))
+        if self.max_rows is not None and self.stored > self.max_rows:
+            values = np.roll(values, -(self.stored % self.max_rows))
         return values
 
 
@@ -92,14 +116,12 @@ class Recorder:
         """
         meta = (epoch, _MISSING if batch is None else batch,
                 _PHASE_CODE[phase], time_s)
+        get = dict.get
         with self._lock:
             for store, row in zip(self._columns, rows):
-                values = list(meta)
-                values.append(bool(row.get("spike")))
-                for name in store.bytes_names:
-                    value = row.get(name)
-                    values.append(_MISSING if value is None else value)
-                store.append(values)
+                store.append(meta + (bool(get(row, "spike")),) + tuple(
+                    [_MISSING if (v := get(row, name)) is None else v
+                     for name in store.bytes_names]))
 
     def __len__(self) -> int:
         with self._lock:

@@ -50,6 +50,7 @@ class Sampler:
         self.notes: dict[str, str] = {}
         self._active: list[tuple[Probe, list[int]]] = []
         self._failures: dict[str, int] = {}
+        self._next_read: dict[str, float] = {}
         self._warned: set[str] = set()
         self._peak_column: list[Optional[tuple[str, bool]]] = []
         self._high_water: list[Optional[int]] = []
@@ -65,6 +66,7 @@ class Sampler:
         columns: dict[str, list[str]] = {}
         peak_column: dict[str, tuple[str, bool]] = {}
         self._active, self._failures, self._warned = [], {}, set()
+        self._next_read = {}
         for probe in self.probes:
             try:
                 probe_devices = probe.start()
@@ -88,6 +90,8 @@ class Sampler:
                     if col in _PEAKS and device not in peak_column:
                         peak_column[device] = (col, probe.peak_per_sample)
             self._active.append((probe, slots))
+            self._failures[probe.name] = 0
+            self._next_read[probe.name] = 0.0
         self.devices = tuple(devices)
         self.device_columns = {d: tuple(columns[d]) for d in devices}
         self._peak_column = [peak_column.get(d) for d in devices]
@@ -101,11 +105,14 @@ class Sampler:
     def sample(self) -> list[Row]:
         """Reads every active probe; returns one row per device."""
         rows: list[Row] = [{} for _ in self.devices]
+        now = perf_counter()
         for probe, slots in self._active:
-            if probe.name in self._failures and (
-                self._failures[probe.name] >= self.max_failures
-            ):
+            if self._failures[probe.name] >= self.max_failures:
                 continue
+            if probe.min_interval_s:
+                if now < self._next_read[probe.name]:
+                    continue
+                self._next_read[probe.name] = now + probe.min_interval_s
             try:
                 began = perf_counter()
                 readings = probe.read()
@@ -121,7 +128,8 @@ class Sampler:
                 for slot, reading in zip(slots, readings):
                     row = rows[slot]
                     for col, value in zip(probe.columns, reading):
-                        row[col] = self._checked(probe, col, value)
+                        row[col] = (value if type(value) is int and value >= 0
+                                    else self._checked(probe, col, value))
             except Exception as e:
                 self._failed(probe, e)
             else:

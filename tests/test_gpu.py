@@ -33,8 +33,10 @@ def test_the_seed_model_records_allocator_nvml_and_process_memory():
                       C.NVML_USED, C.NVML_TOTAL, C.PROCESS]].describe()
           .loc[["min", "max"]].map(lambda v: f"{v / MIB:,.0f} MiB").to_string())
     print(watch.summary())
-    for col in (C.ALLOCATOR_CURRENT, C.ALLOCATOR_PEAK, C.NVML_USED, C.NVML_TOTAL):
+    for col in (C.ALLOCATOR_CURRENT, C.ALLOCATOR_PEAK):
         assert gpu[col].notna().all(), col
+    assert gpu[C.NVML_USED].notna().any()  # NVML is read at most once a second
+    gpu = gpu.dropna(subset=[C.NVML_USED])
     weights = model.count_params() * 4
     assert (gpu[C.ALLOCATOR_CURRENT] >= 3 * weights).all()  # weights + Adam's 2 slots
     assert (gpu[C.ALLOCATOR_PEAK] >= gpu[C.ALLOCATOR_CURRENT]).all()

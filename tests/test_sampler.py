@@ -130,3 +130,13 @@ def test_a_high_water_mark_counts_as_peak_only_when_it_rises(fake_probe_cls):
     # First sample: the mark predates the fit. Third: it rose to 9000
     # between two samples, so that interval's peak is exactly 9000.
     assert peaks == [100, 100, 9000, 110, 130]
+
+
+def test_a_probe_with_a_minimum_interval_is_read_at_most_that_often(fake_probe_cls):
+    probe = fake_probe_cls([(1, 2)])
+    probe.min_interval_s = 3600.0
+    sampler = Sampler([probe])
+    sampler.start()
+    rows = [sampler.sample()[0] for _ in range(3)]
+    assert probe.calls == 1
+    assert [r["current_bytes"] for r in rows] == [1, None, None]

@@ -34,6 +34,9 @@ class Probe(abc.ABC):
     name: ClassVar[str]
     columns: ClassVar[tuple[str, ...]]
     peak_per_sample: bool = False
+    #: Read at most this often (seconds); samples in between have its
+    #: values missing. For slow sources that have no peak to miss.
+    min_interval_s: float = 0.0
 
     @abc.abstractmethod
     def start(self) -> tuple[str, ...]:
