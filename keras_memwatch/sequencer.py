@@ -21,8 +21,8 @@ class Sequencer:
     """Releases items in the order their keys were announced.
 
     Args:
-        lock: the lock guarding the caller's state; `wait_turn` and
-            `arrive` must be called holding it.
+        lock: the lock guarding the caller's state; `wait_turn`, `arrive`
+            and `flush` must be called holding it.
         max_wait_s: how long a key waits for the keys before it. Past that
             it goes on out of turn rather than stall training. Defaults to
             `1.0`.
@@ -35,13 +35,15 @@ class Sequencer:
         self._waiting: dict[Key, Any] = {}
 
     def expect(self, key: Key) -> None:
-        """Announces the next key (holding the lock)."""
+        """Announces the next key; needs no lock (one atomic append)."""
         self._expected.append(key)
 
     def wait_turn(self, key: Key) -> None:
         """Blocks until every key announced before `key` has arrived."""
         if key in self._expected:
-            self._turn.wait_for(lambda: self._expected[0] == key, self.max_wait_s)
+            self._turn.wait_for(
+                lambda: not self._expected or self._expected[0] == key,
+                self.max_wait_s)
 
     def arrive(self, key: Key, item: Any) -> list[tuple[Key, Any]]:
         """Hands in the item of `key`; returns the items now due, in order."""
