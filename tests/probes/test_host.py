@@ -44,3 +44,27 @@ def test_start_can_be_called_again_after_close():
     probe.start()
     assert len(probe.read()) == 1
     probe.close()
+
+
+CHILD = """
+import numpy as np, sys
+from keras_memwatch.probes.host import HostProbe
+probe = HostProbe(); probe.start(); probe.read()
+block = np.ones(100 * 2**20 // 8); del block
+(rss, with_block), = probe.read()
+(rss2, after), = probe.read()
+print(with_block - rss, after - rss2)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+def test_a_child_of_a_large_process_sees_its_own_peaks():
+    import subprocess
+
+    parent = np.ones(400 * MIB // 8)  # the parent's peak, which exec keeps
+    done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True)
+    del parent
+    assert done.returncode == 0, done.stderr
+    grew, settled = (int(v) for v in done.stdout.split())
+    assert grew > 80 * MIB
+    assert settled < 20 * MIB
