@@ -369,13 +369,19 @@ class MemWatch(keras.callbacks.Callback):
 
         return plot_memory(self.to_dataframe(), self.spikes, path=path, ax=ax)
 
-    def summary(self) -> str:
-        """A short report of the last fit: peak and typical memory per
-        device, limit and headroom, spikes, drift, and what each source
-        could and could not see."""
+    def summary(self, batch_size: Optional[int] = None) -> str:
+        """A short report of the last fit: where the memory went (weights,
+        optimizer state, a step's working memory), peak and typical memory
+        per device, limit and headroom, spikes, drift, and what each source
+        could and could not see.
+
+        Args:
+            batch_size: the training batch size, to give a step's working
+                memory per sample. Defaults to `None`.
+        """
         drift = self._monitor.drift_events if self._monitor else []
         return summarize(self.to_dataframe(), self.spikes, drift,
-                         self._sampler.notes)
+                         self._sampler.notes, breakdown=self.breakdown(batch_size))
 
     def to_csv(self, path: PathLike) -> None:
         """Writes the record as CSV, readable by `keras_memwatch.load_log`."""

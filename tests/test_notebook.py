@@ -1,0 +1,130 @@
+"""The tour notebook runs on a CPU and shows what it says it shows."""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("ipykernel")
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "memwatch_tour.ipynb"
+
+# The tour's model (keras_memwatch.demo.SMALL), by hand:
+#   Conv2D 1 -> 32, 3x3:   3*3*1*32 + 32   =       320
+#   Conv2D 32 -> 32, 3x3:  3*3*32*32 + 32  =     9,248  (x3)
+#   Dense 64*64*32 -> 32:  131072*32 + 32  = 4,194,336
+TRAINABLE_PARAMS = 320 + 3 * 9_248 + 4_194_336  # 4,222,400
+TRAINABLE_BYTES = 4 * TRAINABLE_PARAMS  # float32
+# Adam: momentum and velocity per weight, plus its iteration counter (int64
+# on TensorFlow, int32 elsewhere) and float32 learning rate.
+ITERATION_BYTES = 8 if os.environ.get("KERAS_BACKEND") == "tensorflow" else 4
+ADAM_BYTES = 2 * TRAINABLE_BYTES + ITERATION_BYTES + 4
+
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory):
+    """The notebook, executed in a kernel running this interpreter."""
+    from ipykernel.kernelspec import install
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+
+    tmp = tmp_path_factory.mktemp("tour")
+    # A kernel spec of our own, so the kernel is this interpreter (this
+    # venv) whatever other "python3" kernels the machine has.
+    install(kernel_name="memwatch-tour", prefix=str(tmp / "prefix"))
+    specs = KernelSpecManager(
+        kernel_dirs=[str(tmp / "prefix" / "share" / "jupyter" / "kernels")])
+    assert specs.get_kernel_spec("memwatch-tour").argv[0] == sys.executable
+    km = KernelManager(kernel_name="memwatch-tour", kernel_spec_manager=specs)
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    client = nbclient.NotebookClient(
+        nb, km=km, timeout=240, resources={"metadata": {"path": str(tmp)}})
+    client.execute()  # the kernel inherits KERAS_BACKEND from this process
+    return nb, tmp
+
+
+def cell(nb, tag):
+    (found,) = [c for c in nb.cells if tag in c.get("metadata", {}).get("tags", [])]
+    return found
+
+
+def text(c):
+    parts = []
+    for out in c.outputs:
+        if out.output_type == "stream":
+            parts.append(out.text)
+        elif "data" in out:
+            parts.append(out.data.get("text/plain", ""))
+    return "".join(parts)
+
+
+def test_every_code_cell_ran_without_error(executed):
+    nb, _ = executed
+    for c in nb.cells:
+        if c.cell_type == "code":
+            assert c.execution_count is not None
+            assert not [o for o in c.outputs if o.output_type == "error"]
+
+
+def test_the_dataframe_has_one_row_per_step(executed):
+    shown = text(cell(executed[0], "frame"))
+    for column in ("peak_bytes", "current_bytes", "baseline_bytes", "spike"):
+        assert column in shown
+    assert "host" in shown
+
+
+def test_flagged_batches_are_the_oversized_ones(executed):
+    shown = text(cell(executed[0], "flagged"))
+    flagged = re.search(r"flagged batches:\s+\[(.*)\]", shown).group(1)
+    oversized = re.search(r"oversized batches:\s*\[(.*)\]", shown).group(1)
+    assert oversized == "14, 29"
+    assert flagged == "14, 29"
+
+
+def test_spikes_table_lists_them(executed):
+    shown = text(cell(executed[0], "spikes"))
+    assert "ratio" in shown and "working_bytes" in shown
+    first_block = shown.split("\n\n")[0]  # a wide frame wraps in blocks
+    header, *lines = first_block.splitlines()
+    assert header.split()[:3] == ["step", "epoch", "batch"]
+    rows = [line.split() for line in lines if re.match(r"\d+\s", line)]
+    assert [(int(r[2]), int(r[3])) for r in rows] == [(0, 14), (0, 29)]
+
+
+def test_breakdown_numbers_are_exact(executed):
+    shown = text(cell(executed[0], "breakdown"))
+
+    def value(key):
+        return int(re.search(rf"^{key}\s+(\d+)\s*$", shown, re.M).group(1))
+
+    assert value("trainable_params") == TRAINABLE_PARAMS
+    assert value("trainable_bytes") == TRAINABLE_BYTES
+    assert value("non_trainable_bytes") == 0
+    assert value("optimizer_bytes") == ADAM_BYTES
+    assert value("static_bytes") == TRAINABLE_BYTES + ADAM_BYTES
+    assert value("batch_size") == 8
+    assert value("transient_per_sample_bytes") == value("transient_bytes") // 8
+    assert re.search(r"^optimizer\s+Adam\s*$", shown, re.M)
+
+
+def test_summary_names_the_device_and_the_spikes(executed):
+    shown = text(cell(executed[0], "summary"))
+    assert "host: peak" in shown
+    assert "2 spike(s)" in shown
+    assert "0/14, 0/29" in shown
+
+
+def test_plot_is_shown_and_saved(executed):
+    nb, tmp = executed
+    images = [o for o in cell(nb, "plot").outputs
+              if "data" in o and "image/png" in o.data]
+    assert len(images) == 1
+    assert base64.b64decode(images[0].data["image/png"])[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp / "memwatch_tour.png").stat().st_size > 10_000

@@ -1,0 +1,147 @@
+"""The summary says where the memory went, with the right numbers."""
+
+from __future__ import annotations
+
+import keras
+import pandas as pd
+
+from conftest import tiny_data, tiny_model
+from keras_memwatch import MemWatch
+from keras_memwatch.breakdown import memory_breakdown
+from keras_memwatch.detector import DriftEvent
+from keras_memwatch.report import (
+    drift_from_frame, log_sources, spikes_from_frame, summarize)
+from test_breakdown import HOST, MIB, built, dense_model, record, steady
+
+WORKING = [40, 41, 39, 40, 42, 40, 400, 41, 40, 39, 40, 41, 40, 420, 40, 40]
+SOURCES = {
+    "fake": "fake allocator: bytes in use and the peak since the previous sample",
+    "host": "host: RSS and peak RSS since the previous sample (Linux)",
+    "nvml": "unavailable: NVML could not start (NVML Shared Library Not Found)",
+}
+
+
+def gpu_record():
+    return record(steady(WORKING))  # 500 MiB in use, steps of about 40 MiB
+
+
+def test_first_lines_say_where_the_memory_went():
+    frame, spikes = gpu_record()
+    model = built(dense_model(keras.optimizers.Adam()))
+    breakdown = memory_breakdown(model, frame, batch_size=16)
+    text = summarize(frame, spikes, [], SOURCES, breakdown=breakdown)
+    lines = text.splitlines()
+    assert lines[0] == "keras_memwatch summary: 16 training steps sampled over 1 epoch(s)"
+    assert lines[2] == "Where the memory went:"
+    # 484 float32 weights (1,936 B); Adam: two slots (3,872 B) and counters.
+    counters = 12 if keras.backend.backend() == "tensorflow" else 8
+    assert lines[3].startswith("  weights:              1.9 KiB (484 parameters; "
+                               "trainable 1.9 KiB, non-trainable 0 B)")
+    assert lines[4] == (f"  optimizer state:      {(3872 + counters) / 1024:.1f} KiB "
+                        "(Adam keeps 2 slots per weight)")
+    assert "step working memory:  40.0 MiB typical on GPU:0, 420 MiB at most " \
+           "(epoch 0 batch 13)" in text
+    assert "per sample:           2.5 MiB of working memory (typical step / " \
+           "batch size 16)" in text
+
+
+def test_per_device_peak_typical_limit_headroom_and_spikes():
+    frame, spikes = gpu_record()
+    text = summarize(frame, spikes, [], SOURCES)
+    assert ("  GPU:0: peak 920 MiB, typical step peak 540 MiB, in use between "
+            "steps 500 MiB") in text
+    # 16 GiB - 920 MiB = 15,464 MiB; 920 / 16,384 = 5.6% used.
+    assert "    limit 16.00 GiB, headroom at peak 15.10 GiB (94%)" in text
+    assert ("    2 spike(s); worst 920 MiB at epoch 0 batch 13 (10.5x the usual "
+            "step); at epoch/batch: 0/6, 0/13") in text
+
+
+def test_sources_and_what_was_not_available_with_why():
+    frame, spikes = gpu_record()
+    text = summarize(frame, spikes, [], SOURCES)
+    sources = text[text.index("Sources:"):]
+    assert "  host: RSS and peak RSS since the previous sample (Linux)" in sources
+    assert ("Not available:\n  nvml: NVML could not start (NVML Shared Library "
+            "Not Found)") in sources
+
+
+def test_drift_is_reported():
+    frame, spikes = gpu_record()
+    drift = [("GPU:0", 0, DriftEvent(500 * MIB, 700 * MIB, 16))]
+    text = summarize(frame, spikes, drift, SOURCES)
+    assert ("  GPU:0 in epoch 0: baseline grew from 500 MiB to 700 MiB over "
+            "16 batches") in text
+    assert "Drift: none" in summarize(frame, spikes, [], SOURCES)
+
+
+def test_without_a_model_weights_and_optimizer_are_unknown():
+    frame, spikes = gpu_record()
+    text = summarize(frame, spikes)
+    assert "weights, optimizer state: unknown without the model" in text
+    assert "step working memory:  40.0 MiB typical on GPU:0" in text
+
+
+def test_no_per_step_peak_is_said():
+    frame, spikes = record(steady([40, 40, 300, 40, 40]), per_step_peak=False)
+    text = summarize(frame, spikes)
+    assert "300 MiB at most on GPU:0 (epoch 0 batch 2)" in text
+
+
+def test_host_has_no_limit():
+    frame, spikes = record(steady([5] * 8, in_use=900), device="host", sources=HOST)
+    text = summarize(frame, spikes)
+    assert "host: peak 905 MiB" in text
+    assert "limit: not recorded for the host, so no headroom" in text
+    assert "no spikes" in text
+
+
+def test_many_spikes_are_listed_briefly():
+    working = [40] * 6 + [400, 40] * 15
+    frame, spikes = record(steady(working))
+    text = summarize(frame, spikes)
+    assert "15 spike(s)" in text and "... and 3 more" in text
+
+
+def test_empty_record():
+    frame, spikes = record([])
+    assert summarize(frame, spikes) == "keras_memwatch: no samples recorded."
+
+
+# -- a record alone (a streamed log) ----------------------------------------
+
+def test_spikes_from_a_record_equal_the_live_ones():
+    frame, spikes = gpu_record()
+    pd.testing.assert_frame_equal(spikes_from_frame(frame), spikes, check_dtype=False)
+
+
+def test_drift_from_a_record_equals_the_live_one():
+    # In use grows by 2 MiB a step for 80 steps: a leak.
+    readings = [(500 + 2 * i, 540 + 2 * i) for i in range(81)]
+    frame, _, monitor = record(readings, monitor=True)
+    assert monitor.drift_events == []  # MemWatch judges at the epoch's end:
+    monitor.end_epoch(0)
+    (live,) = monitor.drift_events
+    assert drift_from_frame(frame) == [live]
+    device, epoch, event = live
+    assert (device, epoch) == ("GPU:0", 0) and event.growth_bytes > 64 * MIB
+
+
+def test_log_sources_name_the_columns_with_values():
+    frame, _ = gpu_record()
+    notes = log_sources(frame)
+    assert notes["log"] == ("columns with values: allocator_current_bytes, "
+                            "allocator_peak_bytes, allocator_limit_bytes")
+    assert notes["log (empty columns)"].startswith("unavailable: no values for nvml_used_bytes")
+
+
+# -- through MemWatch -------------------------------------------------------
+
+def test_memwatch_summary_includes_the_breakdown():
+    watch = MemWatch(probes="host", verbose=0)
+    model = tiny_model()  # Dense 8 -> 16 -> 1: 161 float32 weights, Adam
+    x, y = tiny_data(64)
+    model.fit(x, y, epochs=1, batch_size=16, callbacks=[watch], verbose=0)
+    text = watch.summary()
+    assert "weights:              644 B (161 parameters" in text
+    assert "Adam keeps 2 slots per weight" in text
+    assert "host: peak" in text
