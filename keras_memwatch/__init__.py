@@ -21,16 +21,21 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _PUBLIC = {
+    "CapacityEstimate": "keras_memwatch.capacity",
     "MemWatch": "keras_memwatch.callback",
     "SpikeDetector": "keras_memwatch.detector",
     "SpikeEvent": "keras_memwatch.spikes",
     "configure_memory": "keras_memwatch.config",
+    "estimate_max_batch_size": "keras_memwatch.capacity",
     "load_log": "keras_memwatch.csvlog",
+    "oom_guard": "keras_memwatch.guard",
 }
 
 __all__ = sorted(_PUBLIC)
 
 if TYPE_CHECKING:
+    from keras_memwatch.capacity import CapacityEstimate, estimate_max_batch_size
+    from keras_memwatch.guard import oom_guard
     from keras_memwatch.callback import MemWatch
     from keras_memwatch.config import configure_memory
     from keras_memwatch.csvlog import load_log

@@ -70,6 +70,15 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("log", help="the CSV log")
     report.add_argument("--plot", metavar="PNG",
                         help="write the plot there (.png, .svg, .pdf)")
+
+    from keras_memwatch.capacity import add_fit_check_arguments
+
+    add_fit_check_arguments(commands.add_parser(
+        "fit-check",
+        help="predict the largest batch that fits, before launching a job",
+        description="Trains your model for two steps at a few small batch sizes, "
+                    "fits its memory per sample, and prints the breakdown and "
+                    "the largest batch that fits the device."))
     return parser
 
 
@@ -139,6 +148,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "demo":
         return _demo(args)
+    if args.command == "fit-check":
+        from keras_memwatch.capacity import run_fit_check
+
+        return run_fit_check(args)
     return _report(args)
 
 

@@ -383,6 +383,41 @@ class MemWatch(keras.callbacks.Callback):
         return summarize(self.to_dataframe(), self.spikes, drift,
                          self._sampler.notes, breakdown=self.breakdown(batch_size))
 
+    def guard(self, report_dir: Optional[PathLike] = None, last_n: int = 20) -> Any:
+        """Guards a `fit` call: on out-of-memory, writes what was happening.
+
+        A callback cannot catch the error that ends `fit`, so wrap the call:
+
+        ```python
+        with watch.guard():
+            model.fit(x, y, callbacks=[watch])
+        ```
+
+        On an out-of-memory error (TensorFlow `ResourceExhaustedError`, JAX
+        `RESOURCE_EXHAUSTED`, PyTorch `OutOfMemoryError`) it writes a text
+        report (the last samples, the breakdown, the spikes, what the step
+        tried to allocate) and the record as CSV next to `log_path` (or in
+        `report_dir`), then re-raises the original exception unchanged.
+
+        Args:
+            report_dir: where to write the report. Defaults to `None`
+                (beside `log_path`, else the working directory).
+            last_n: samples shown in the report. Defaults to `20`.
+        """
+        from keras_memwatch.guard import oom_guard
+
+        return oom_guard(self, report_dir, last_n=last_n)
+
+    def close(self) -> None:
+        """Ends a fit that raised: commits waiting samples, closes the
+        probes and the streamed log. Keras skips `on_train_end` when `fit`
+        raises; `guard()` calls this for you."""
+        if self._training:
+            with self._lock:
+                self._flush()
+                self._training = False
+        self._close()
+
     def to_csv(self, path: PathLike) -> None:
         """Writes the record as CSV, readable by `keras_memwatch.load_log`."""
         self.to_dataframe().to_csv(path, index=False)

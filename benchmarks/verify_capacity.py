@@ -1,0 +1,568 @@
+"""Checks `estimate_max_batch_size` against reality on a GPU (issue 8).
+
+For each model (a convnet and a transformer-like block), under a memory
+limit set with `configure_memory(memory_limit_mb=...)`:
+
+1. estimate the largest batch (each measuring method of the backend);
+2. train two steps at the predicted batch size (headroom 0.1: must run) and
+   at 1.25x of it (expected to run out of memory; if it runs, how close to
+   the limit it came), both watched by MemWatch inside `oom_guard`, so an
+   out-of-memory there also checks the guard's report on the GPU;
+3. search (bounded) for the largest batch that really trains two steps:
+   brackets around the headroom-0 prediction by factors of 1.08, then
+   bisects to 1%;
+4. print a table (predicted vs largest that ran, error %) and write JSON
+   (to `$OUT` when set, else `--out`).
+
+Run one backend per process (the lead runs this; about 3-4 minutes per
+backend on an H200):
+
+    KERAS_BACKEND=jax   python -m benchmarks.verify_capacity --limit-mb 8192
+    KERAS_BACKEND=torch python -m benchmarks.verify_capacity --limit-mb 8192
+
+Every trial builds a fresh model, in this process; after an out-of-memory
+error the framework frees what the step held. Should a framework not
+recover (a size that ran once fails later: the JSON flags it as
+`poisoned`), rerun with `--isolate`, which runs each trial in a child
+process (slower: a JAX start and a compilation each).
+
+JAX runs steps asynchronously, so a trial waits for the model's variables
+before it counts as run; the JSON records whether an out-of-memory error
+surfaced inside `fit` or only then (`deferred`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import traceback
+from typing import Any, Optional
+
+MIB = 2**20
+GIB = 2**30
+STEPS = 2
+
+
+def log(message: str) -> None:
+    print(f"[verify_capacity {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+# -- models ------------------------------------------------------------------
+
+
+def build(name: str) -> Any:
+    """A compiled model, fresh."""
+    import keras
+    from keras import layers
+
+    if name == "conv":
+        inputs = keras.Input((64, 64, 3))
+        h = inputs
+        for filters in (64, 128, 256):
+            h = layers.Conv2D(filters, 3, padding="same", activation="relu")(h)
+            h = layers.Conv2D(filters, 3, padding="same", activation="relu")(h)
+            h = layers.MaxPooling2D()(h)
+        h = layers.GlobalAveragePooling2D()(h)
+        outputs = layers.Dense(10)(h)
+    elif name == "conv_tiny":  # for a smoke test on a CPU
+        inputs = keras.Input((32, 32, 1))
+        h = layers.Conv2D(16, 3, padding="same", activation="relu")(inputs)
+        h = layers.Conv2D(16, 3, padding="same", activation="relu")(h)
+        h = layers.GlobalAveragePooling2D()(h)
+        outputs = layers.Dense(10)(h)
+    elif name in ("block", "block_tiny"):
+        seq, dim = (256, 256) if name == "block" else (64, 32)
+        inputs = keras.Input((seq, dim))
+        h = inputs
+        for _ in range(2):
+            a = layers.LayerNormalization()(h)
+            a = layers.MultiHeadAttention(num_heads=8, key_dim=dim // 8)(a, a)
+            h = h + a
+            m = layers.LayerNormalization()(h)
+            m = layers.Dense(4 * dim, activation="gelu")(m)
+            h = h + layers.Dense(dim)(m)
+        h = layers.GlobalAveragePooling1D()(h)
+        outputs = layers.Dense(10)(h)
+    else:
+        raise ValueError(f"unknown model {name!r}")
+    model = keras.Model(inputs, outputs, name=name)
+    model.compile(optimizer="adam",
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def sample_shape(name: str) -> tuple[int, ...]:
+    return {"conv": (64, 64, 3), "block": (256, 256), "conv_tiny": (32, 32, 1),
+            "block_tiny": (64, 32)}[name]
+
+
+def data(name: str, n: int) -> tuple[Any, Any]:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal((64,) + sample_shape(name), dtype=np.float32)
+    labels = rng.integers(0, 10, size=64).astype("int32")
+    index = np.arange(n) % 64
+    return base[index], labels[index]
+
+
+# -- one trial -----------------------------------------------------------------
+
+
+def _free(backend: str) -> None:
+    import keras
+
+    gc.collect()
+    keras.backend.clear_session()
+    gc.collect()
+    if backend == "torch":
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _wait(model: Any, backend: str) -> None:
+    """JAX dispatches steps asynchronously: wait for their results."""
+    if backend == "jax":
+        import jax
+
+        jax.block_until_ready([v.value for v in model.trainable_variables])
+    elif backend == "torch":
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+
+def trial(name: str, batch: int, backend: str, watch_dir: Optional[str] = None,
+          limit_bytes: Optional[int] = None) -> dict[str, Any]:
+    """Builds a fresh model and trains STEPS steps of `batch`: ran or oom."""
+    from keras_memwatch.guard import is_oom_error
+
+    began = time.perf_counter()
+    out: dict[str, Any] = {"batch": batch}
+    model = None
+    try:
+        model = build(name)
+        x, y = data(name, batch * STEPS)
+        if backend == "torch":
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.reset_peak_memory_stats()
+        if watch_dir is None:
+            model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False)
+            _wait(model, backend)
+        else:
+            out.update(_watched_fit(model, x, y, batch, backend, watch_dir))
+        out["result"] = "ran"
+        out.update(_how_close(model, name, batch, backend, limit_bytes))
+    except Exception as e:
+        if not is_oom_error(e):
+            out["result"] = "error"
+            out["error"] = f"{type(e).__name__}: {str(e)[:500]}"
+            log(f"  {name} batch {batch}: unexpected {out['error']}")
+        else:
+            out["result"] = "oom"
+            out["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        del e
+    finally:
+        del model
+        _free(backend)
+    out["seconds"] = round(time.perf_counter() - began, 2)
+    log(f"  {name} batch {batch}: {out['result']} ({out['seconds']} s)")
+    return out
+
+
+def _watched_fit(model: Any, x: Any, y: Any, batch: int, backend: str,
+                 watch_dir: str) -> dict[str, Any]:
+    """fit under MemWatch + oom_guard; checks the guard's report on an OOM."""
+    from keras_memwatch import MemWatch
+    from keras_memwatch.guard import oom_guard
+
+    os.makedirs(watch_dir, exist_ok=True)
+    watch = MemWatch(log_path=os.path.join(watch_dir, f"batch{batch}.csv"), verbose=0)
+    guard = oom_guard(watch)
+    info: dict[str, Any] = {}
+    try:
+        with guard:
+            model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False,
+                      callbacks=[watch])
+            _wait(model, backend)
+        frame = watch.to_dataframe()
+        gpu = frame[frame["device"].astype(str) == "GPU:0"]
+        if len(gpu):
+            info["watch_peak_bytes"] = _int(gpu["peak_bytes"].max())
+            info["watch_allocator_peak_bytes"] = _int(gpu["allocator_peak_bytes"].max())
+    except Exception as e:
+        info["guard"] = {
+            "same_object": e is guard.error,
+            "deferred": guard.deferred,
+            "paths": list(guard.report_paths),
+            "report_head": _head(guard.report_paths[0]) if guard.report_paths else None,
+        }
+        raise
+    return info
+
+
+def _head(path: str, lines: int = 14) -> str:
+    with open(path) as f:
+        return "".join(f.readlines()[:lines])
+
+
+def _int(value: Any) -> Optional[int]:
+    try:
+        return None if value != value else int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _how_close(model: Any, name: str, batch: int, backend: str,
+               limit_bytes: Optional[int]) -> dict[str, Any]:
+    """How much of the limit a step that ran needed."""
+    out: dict[str, Any] = {}
+    try:
+        if backend == "torch":
+            import torch
+
+            if not torch.cuda.is_available():
+                return out
+            out["peak_reserved_bytes"] = int(torch.cuda.max_memory_reserved())
+            out["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
+            peak = out["peak_reserved_bytes"]
+        else:
+            import jax
+
+            from keras_memwatch.capacity import _xla_plan_bytes
+
+            x, y = data(name, batch)
+            total, state = _xla_plan_bytes(model, (x, y))
+            in_use = jax.local_devices()[0].memory_stats()["bytes_in_use"]
+            out["xla_plan_bytes"] = total
+            peak = in_use - state + total  # the state is in use already
+            out["planned_peak_bytes"] = peak
+        if limit_bytes:
+            out["peak_of_limit"] = round(peak / limit_bytes, 4)
+    except Exception as e:
+        out["how_close_error"] = repr(e)[:300]
+    return out
+
+
+def trial_in_child(name: str, batch: int, backend: str, limit_mb: float,
+                   cpu_as_limit_mb: Optional[float] = None) -> dict[str, Any]:
+    """`trial` in a fresh process (for `--isolate`)."""
+    began = time.perf_counter()
+    extra = ["--cpu-as-limit-mb", str(cpu_as_limit_mb)] if cpu_as_limit_mb else []
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.verify_capacity", "--limit-mb",
+         str(limit_mb), "--trial", name, str(batch), *extra],
+        capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, KERAS_BACKEND=backend))
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith("{"):
+            out = json.loads(line)
+            break
+    else:
+        out = {"batch": batch, "result": "error",
+               "error": f"child exited {done.returncode}: {done.stderr[-500:]}"}
+    out["seconds"] = round(time.perf_counter() - began, 2)
+    log(f"  {name} batch {batch}: {out['result']} ({out['seconds']} s, child)")
+    return out
+
+
+# -- the search ------------------------------------------------------------------
+
+
+def search(run: Any, start: int, known: dict[int, str], max_trials: int,
+           factor: float = 1.08, resolution: float = 0.01) -> dict[str, Any]:
+    """The largest batch that runs, near `start`, in at most `max_trials` runs.
+
+    `known` maps batch -> "ran"/"oom" (trials already made); it is updated.
+    """
+    trials = 0
+
+    class Abort(Exception):
+        pass
+
+    def outcome(b: int) -> str:
+        nonlocal trials
+        if b not in known:
+            trials += 1
+            known[b] = run(b)["result"]
+        if known[b] == "error":
+            raise Abort(b)
+        return known[b]
+
+    try:
+        return _search(outcome, start, known, max_trials, factor, resolution,
+                       lambda: trials)
+    except Abort as e:
+        return {"largest_ran": None, "smallest_failed": None, "trials": trials,
+                "resolved": False, "aborted": f"batch {e.args[0]} failed, not of OOM"}
+
+
+def _search(outcome: Any, start: int, known: dict[int, str], max_trials: int,
+            factor: float, resolution: float, count: Any) -> dict[str, Any]:
+    """Brackets the boundary by `factor` steps from what is known, then bisects."""
+    ran = [b for b, r in known.items() if r == "ran"]
+    failed = [b for b, r in known.items() if r == "oom"]
+    lo = max(ran) if ran else None
+    hi = min((b for b in failed if lo is None or b > lo), default=None)
+    b = max(start, 1)
+    while (lo is None or hi is None) and count() < max_trials:
+        if lo is None:
+            b = b if b not in known else max(int(b / factor), 1)
+            if outcome(b) == "ran":
+                lo = b
+            else:
+                hi = b if hi is None else min(hi, b)
+                if b == 1:
+                    break
+                b = max(int(b / factor), 1)
+        else:
+            b = max(math.ceil(lo * factor), lo + 1)
+            if hi is not None and b >= hi:
+                break
+            if outcome(b) == "ran":
+                lo = b
+            else:
+                hi = b
+    while (lo is not None and hi is not None and hi - lo > max(1, resolution * lo)
+           and count() < max_trials):
+        b = (lo + hi) // 2
+        if outcome(b) == "ran":
+            lo = b
+        else:
+            hi = b
+    return {"largest_ran": lo, "smallest_failed": hi, "trials": count(),
+            "resolved": lo is not None and hi is not None
+            and hi - lo <= max(1, resolution * lo)}
+
+
+# -- per model -------------------------------------------------------------------
+
+
+def _state(model: Any) -> list[Any]:
+    """Copies of every variable of the model, its optimizer and metrics."""
+    import keras
+    import numpy as np
+
+    variables = (list(model.variables) + list(model.optimizer.variables)
+                 + list(model.metrics_variables))
+    return [np.array(keras.ops.convert_to_numpy(v.value), copy=True)
+            for v in variables]
+
+
+def estimate(name: str, method: str, backend: str) -> dict[str, Any]:
+    from keras_memwatch.capacity import _estimate_dict, estimate_max_batch_size
+
+    import numpy as np
+
+    model = build(name)
+    x, y = data(name, 64)
+    model.train_on_batch(x[:8], y[:8])  # a model with some history to keep
+    state = _state(model)
+    began = time.perf_counter()
+    try:
+        result = estimate_max_batch_size(model, x, y, method=method)
+        seconds = round(time.perf_counter() - began, 2)
+        after = _state(model)
+        restored = len(after) == len(state) and all(
+            a.dtype == b.dtype and np.array_equal(a, b, equal_nan=True)
+            for a, b in zip(state, after))
+    finally:
+        del model
+        _free(backend)
+    out = _estimate_dict(result)
+    out["seconds"] = seconds
+    out["restored_exactly"] = restored
+    out["raw_batch_size"] = result.batch_size_for(0.0)
+    log(f"  estimate ({method}, {seconds} s, model restored exactly: {restored}): "
+        f"{result.explanation}")
+    return out
+
+
+def verify_model(name: str, backend: str, methods: list[str], args: argparse.Namespace,
+                 limit_bytes: Optional[int], out_dir: str) -> dict[str, Any]:
+    log(f"model {name}")
+    estimates = {m: estimate(name, m, backend) for m in methods}
+    primary = estimates[methods[0]]
+    predicted, raw = primary["predicted_batch_size"], primary["raw_batch_size"]
+    result: dict[str, Any] = {"model": name, "backend": backend, "estimates": estimates,
+                              "trials": []}
+    if predicted is None:
+        log(f"  no prediction: {primary['explanation']}")
+        return result
+
+    def run(b: int, watched: bool = False) -> dict[str, Any]:
+        if args.isolate:
+            t = trial_in_child(name, b, backend, args.limit_mb, args.cpu_as_limit_mb)
+        else:
+            where = (os.path.join(out_dir, f"guard_{backend}_{name}") if watched
+                     else None)
+            t = trial(name, b, backend, where, limit_bytes)
+        result["trials"].append(t)
+        return t
+
+    at_predicted = run(predicted, watched=True)
+    over = max(int(round(predicted * 1.25)), predicted + 1)
+    at_over = run(over, watched=True)
+    known = {predicted: at_predicted["result"], over: at_over["result"]}
+    found = search(run, raw or predicted, known, args.max_trials)
+    largest = found["largest_ran"]
+    # Run the largest once more: a framework that did not recover from an
+    # out-of-memory error would fail it now.
+    poisoned = None
+    if largest is not None and not args.isolate:
+        poisoned = run(largest)["result"] != "ran"
+    result.update(
+        predicted=predicted, raw_predicted=raw, over_batch=over,
+        at_predicted=at_predicted["result"], at_over=at_over["result"],
+        at_over_detail={k: at_over.get(k) for k in
+                        ("peak_of_limit", "peak_reserved_bytes", "planned_peak_bytes",
+                         "error", "guard")},
+        search=found, largest_ran=largest, poisoned=poisoned,
+        errors={m: _error(e["raw_batch_size"], largest) for m, e in estimates.items()},
+        errors_headroom={m: _error(e["predicted_batch_size"], largest)
+                         for m, e in estimates.items()},
+    )
+    return result
+
+
+def _error(predicted: Optional[int], largest: Optional[int]) -> Optional[float]:
+    if predicted is None or not largest:
+        return None
+    return round(100.0 * (predicted - largest) / largest, 2)
+
+
+# -- main --------------------------------------------------------------------------
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    header = ("model", "backend", "method", "pred h=0", "pred h=.1", "largest ran",
+              "err h=0", "at pred", "1.25x", "est s", "restored")
+    rows = [header]
+    for r in results:
+        for method, e in r["estimates"].items():
+            err = r.get("errors", {}).get(method)
+            over = r.get("at_over")
+            if over == "ran":
+                close = r.get("at_over_detail", {}).get("peak_of_limit")
+                over = f"ran ({close:.0%} of limit)" if close else "ran"
+            rows.append((
+                r["model"], r["backend"], e.get("method", method),
+                str(e.get("raw_batch_size")),
+                str(e.get("predicted_batch_size")), str(r.get("largest_ran")),
+                "" if err is None else f"{err:+.1f}%",
+                str(r.get("at_predicted", "")),
+                f"{r.get('over_batch', '')} {over or ''}",
+                str(e.get("seconds")), str(e.get("restored_exactly"))))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows)
+
+
+def _cap_address_space(mb: float) -> None:
+    """RLIMIT_AS = virtual size now + `mb` (after the frameworks started)."""
+    import resource
+
+    import keras  # noqa: F401  (start the framework before measuring VmSize)
+
+    build("conv_tiny")
+    _free(os.environ["KERAS_BACKEND"])
+    with open("/proc/self/status") as f:
+        size = next(int(line.split()[1]) * 1024 for line in f
+                    if line.startswith("VmSize:"))
+    resource.setrlimit(resource.RLIMIT_AS,
+                       (size + int(mb * MIB), resource.RLIM_INFINITY))
+    log(f"RLIMIT_AS set {mb:g} MiB above the virtual size now ({size / GIB:.2f} GiB)")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--limit-mb", type=float, default=8192,
+                        help="memory limit set through configure_memory (default 8192)")
+    parser.add_argument("--models", default="conv,block")
+    parser.add_argument("--methods", default=None,
+                        help="comma list; default: jax: auto (xla on a GPU); torch: "
+                             "auto,probes (auto: reserved on a GPU); the first one "
+                             "drives the trials")
+    parser.add_argument("--max-trials", type=int, default=8,
+                        help="search trials per model, besides the two checks")
+    parser.add_argument("--isolate", action="store_true",
+                        help="run each trial in a child process")
+    parser.add_argument("--out", default=".", help="JSON folder when $OUT is not set")
+    parser.add_argument("--trial", nargs=2, metavar=("MODEL", "BATCH"),
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--cpu-as-limit-mb", type=float, default=None,
+                        help="smoke test on a CPU: cap the address space this many "
+                             "MiB above its size now (RLIMIT_AS), after imports")
+    args = parser.parse_args(argv)
+    backend = os.environ.get("KERAS_BACKEND")
+    if backend not in ("jax", "torch"):
+        print("set KERAS_BACKEND=jax or KERAS_BACKEND=torch", file=sys.stderr)
+        return 2
+
+    from keras_memwatch import configure_memory
+
+    config = configure_memory(memory_limit_mb=args.limit_mb)
+    if args.trial:
+        name, batch = args.trial[0], int(args.trial[1])
+        if args.cpu_as_limit_mb:
+            _cap_address_space(args.cpu_as_limit_mb)
+        print(json.dumps(trial(name, batch, backend, None, config.limit_bytes(0))))
+        return 0
+    log(str(config))
+    limit_bytes = config.limit_bytes(0)
+    if args.cpu_as_limit_mb:
+        _cap_address_space(args.cpu_as_limit_mb)
+    out_dir = os.environ.get("OUT") or args.out
+    os.makedirs(out_dir, exist_ok=True)
+    methods = (args.methods.split(",") if args.methods else
+               ["auto"] if backend == "jax" else ["auto", "probes"])
+    report: dict[str, Any] = {"backend": backend, "limit_mb": args.limit_mb,
+                              "limit_bytes": limit_bytes, "methods": methods,
+                              "memory_config": str(config), "results": []}
+    try:
+        from benchmarks.common import machine_info
+
+        report["machine"] = machine_info()
+    except Exception as e:
+        report["machine"] = repr(e)
+    began = time.perf_counter()
+    for name in args.models.split(","):
+        try:
+            report["results"].append(
+                verify_model(name, backend, methods, args, limit_bytes, out_dir))
+        except Exception:
+            report["results"].append({"model": name, "backend": backend,
+                                      "estimates": {},
+                                      "failure": traceback.format_exc()})
+            log(traceback.format_exc())
+    report["seconds"] = round(time.perf_counter() - began, 1)
+    path = os.path.join(out_dir, f"verify_capacity_{backend}.json")
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2, default=str)
+    print()
+    print(table(report["results"]))
+    print()
+    print(json.dumps({r["model"]: {"predicted": r.get("predicted"),
+                                   "raw_predicted": r.get("raw_predicted"),
+                                   "largest_ran": r.get("largest_ran"),
+                                   "errors_pct": r.get("errors"),
+                                   "at_predicted": r.get("at_predicted"),
+                                   "at_1.25x": r.get("at_over"),
+                                   "poisoned": r.get("poisoned")}
+                      for r in report["results"]}, indent=1))
+    log(f"wrote {path} ({report['seconds']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,545 @@
+"""Out-of-memory forensics: what was happening when training died.
+
+A Keras callback cannot catch the exception that ends `fit`: the framework
+raises it out of the train step and Keras unwinds past every callback. So
+the report is written by a context manager around `fit`:
+
+```python
+watch = MemWatch(log_path="mem.csv")
+with oom_guard(watch):
+    model.fit(x, y, callbacks=[watch])
+```
+
+When the block ends with an out-of-memory error, the guard writes
+`mem.oom.txt` (what the framework says it tried to allocate, the memory at
+the failure, the last samples, the spikes, and the summary with the
+breakdown) and `mem.oom.csv` (the whole record) next to the watch's log,
+logs one ERROR line saying where, and lets the original exception go on,
+unchanged (the same object, with its traceback). Any other exception
+passes through untouched and nothing is written.
+
+Out of memory is recognised without importing any framework: TensorFlow's
+`ResourceExhaustedError`, PyTorch's `OutOfMemoryError` (and the plain
+`RuntimeError`s older PyTorch and its CPU allocator raise: "CUDA out of
+memory", "DefaultCPUAllocator: can't allocate memory"), JAX's
+`JaxRuntimeError` / `XlaRuntimeError` with `RESOURCE_EXHAUSTED`, and
+Python's own `MemoryError`; the chain of causes (`__cause__`,
+`__context__`) is searched too, for errors wrapped on the way out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import re
+import sys
+from collections.abc import Iterator
+from typing import Any, Optional, Union
+
+logger = logging.getLogger("keras_memwatch")
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+__all__ = [
+    "OomGuard",
+    "allocation_lines",
+    "is_oom_error",
+    "oom_guard",
+    "oom_report_text",
+    "requested_bytes",
+    "write_oom_report",
+]
+
+#: Exception classes (by name, anywhere in the class's MRO) that always
+#: mean out of memory.
+OOM_TYPE_NAMES = frozenset(
+    {"ResourceExhaustedError", "OutOfMemoryError", "MemoryError"})
+#: Runtime errors that mean out of memory when their message says so.
+_OOM_MESSAGE = re.compile(
+    r"RESOURCE_EXHAUSTED|out of memory|OOM when allocating|"
+    r"can't allocate memory|not enough memory",
+    re.IGNORECASE,
+)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# Sentences of an error message that say what was allocated, and where.
+_ALLOCATION_TEXT = re.compile(
+    r"allocat|out of memory|resource_exhausted|capacity|in use|reserved|"
+    r"free|peak buffers|size:|shape:|bytes",
+    re.IGNORECASE,
+)
+_UNITS = {"B": 1, "BYTES": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_TF_DTYPE_BYTES = {"float": 4, "double": 8, "half": 2, "bfloat16": 2, "int8": 1,
+                   "uint8": 1, "int16": 2, "int32": 4, "int64": 8, "bool": 1,
+                   "complex64": 8, "complex128": 16}
+_MAX_LINES = 20
+_MAX_LINE = 400
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    """The error, then its causes and contexts, each once."""
+    seen: set[int] = set()
+    todo = [error]
+    while todo and len(seen) < 16:
+        e = todo.pop(0)
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        todo.extend(c for c in (e.__cause__, e.__context__) if c is not None)
+
+
+def is_oom_error(error: BaseException) -> bool:
+    """Whether an exception means the framework (or Python) ran out of memory.
+
+    No framework is imported: classes are recognised by name and messages
+    by their text, along the chain of causes.
+
+    Args:
+        error: any exception.
+
+    Returns:
+        `True` for TensorFlow's `ResourceExhaustedError`, PyTorch's
+        `OutOfMemoryError`, `MemoryError`, and runtime errors (JAX's
+        `JaxRuntimeError`/`XlaRuntimeError`, PyTorch's `RuntimeError`)
+        whose message says `RESOURCE_EXHAUSTED` or out of memory.
+
+    Example:
+
+    >>> is_oom_error(MemoryError())
+    True
+    >>> is_oom_error(ValueError("RESOURCE_EXHAUSTED"))
+    False
+    """
+    for e in _chain(error):
+        names = {cls.__name__ for cls in type(e).__mro__}
+        if names & OOM_TYPE_NAMES:
+            return True
+        if isinstance(e, RuntimeError) and _OOM_MESSAGE.search(_message(e)):
+            return True
+    return False
+
+
+def _message(error: BaseException) -> str:
+    try:
+        text = str(error)
+    except Exception:  # a broken __str__ must not hide the report
+        text = ""
+    return _ANSI.sub("", text)
+
+
+def allocation_lines(error: BaseException) -> list[str]:
+    """What the framework's message says was being allocated, and where.
+
+    Args:
+        error: the out-of-memory exception.
+
+    Returns:
+        The sentences of the messages along the chain of causes that speak
+        of allocations, capacity, memory in use or buffers (PyTorch's
+        "Tried to allocate 2.00 GiB. GPU 0 has a total capacity of ...",
+        XLA's "Out of memory while trying to allocate N bytes." and its
+        peak-buffer list, TensorFlow's "OOM when allocating tensor with
+        shape[...]"), each once, at most 20.
+    """
+    out: list[str] = []
+    for e in _chain(error):
+        for line in _message(e).splitlines():
+            for sentence in re.split(r"(?<=\.)\s+(?=[A-Z])", line.strip()):
+                sentence = sentence.strip()
+                if not sentence or not _ALLOCATION_TEXT.search(sentence):
+                    continue
+                if len(sentence) > _MAX_LINE:
+                    sentence = sentence[: _MAX_LINE - 3] + "..."
+                if sentence not in out:
+                    out.append(sentence)
+                if len(out) >= _MAX_LINES:
+                    return out
+    return out
+
+
+def requested_bytes(error: BaseException) -> Optional[int]:
+    """The size of the allocation that failed, where the message gives it.
+
+    Args:
+        error: the out-of-memory exception.
+
+    Returns:
+        Bytes, or `None` when no message along the chain of causes states
+        a size.
+
+    Example:
+
+    >>> requested_bytes(MemoryError("Tried to allocate 2.00 GiB"))
+    2147483648
+    """
+    for e in _chain(error):
+        text = _message(e)
+        match = re.search(
+            r"(?:tried|trying) to allocate\s+([\d.]+)\s*([KMGT]?i?B|bytes)\b",
+            text, re.IGNORECASE)
+        if match is None:
+            match = re.search(r"allocating\s+([\d.]+)\s*(bytes|[KMGT]?i?B)\b", text,
+                              re.IGNORECASE)
+        if match is not None:
+            unit = _UNITS.get(match.group(2).upper())
+            if unit is not None:
+                return int(round(float(match.group(1)) * unit))
+        match = re.search(r"when allocating tensor with shape\s*\[([\d,\s]*)\]\s*"
+                          r"and type\s+(\w+)", text, re.IGNORECASE)
+        if match is not None and match.group(2).lower() in _TF_DTYPE_BYTES:
+            dims = [int(d) for d in match.group(1).replace(" ", "").split(",") if d]
+            return math.prod(dims) * _TF_DTYPE_BYTES[match.group(2).lower()]
+    return None
+
+
+def _mib(value: Any) -> str:
+    import pandas as pd
+
+    if value is None or pd.isna(value):
+        return ""
+    return f"{int(value) / 2**20:.1f}"
+
+
+def _last_samples(frame: Any, last_n: int) -> str:
+    """The last `last_n` samples (every device), in MiB."""
+    import pandas as pd
+
+    steps = sorted(frame["step"].unique())[-(last_n + 1):]
+    tail = frame[frame["step"].isin(steps)].sort_values("step", kind="stable")
+    before = tail.groupby("device", observed=True)["current_bytes"].shift(1)
+    working = (tail["peak_bytes"] - before).clip(lower=0)
+    keep = tail["step"].isin(steps[-last_n:])
+    header = ("step", "epoch", "batch", "phase", "device", "peak MiB",
+              "in use MiB", "working MiB", "spike")
+    table = [header]
+    for (_, row), work in zip(tail[keep].iterrows(), working[keep]):
+        batch = row["batch"]
+        table.append((str(row["step"]), str(row["epoch"]),
+                      "" if pd.isna(batch) else str(batch),
+                      str(row["phase"]), str(row["device"]), _mib(row["peak_bytes"]),
+                      _mib(row["current_bytes"]), _mib(work),
+                      "SPIKE" if bool(row["spike"]) else ""))
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    return "\n".join("  " + "  ".join(c.rjust(w) for c, w in zip(r, widths))
+                     for r in table)
+
+
+def _now(watch: Any) -> list[str]:
+    """One fresh sample of the watch's live probes, at the failure.
+
+    Uses the running sampler of the watch (private attributes until
+    `MemWatch` offers a public way), so peaks since the last sample, the
+    step that died, are not lost to a reset. Nothing when the fit ended
+    normally (its probes are closed then).
+    """
+    sampler = getattr(watch, "_sampler", None)
+    devices = getattr(sampler, "devices", ())
+    if sampler is None or not devices or not getattr(watch, "_training", False):
+        return []  # no fit in progress: its probes are closed
+    rows = sampler.sample()
+    from keras_memwatch.units import format_bytes
+
+    lines = []
+    for device, row in zip(devices, rows):
+        limit = row.get("allocator_limit_bytes") or row.get("nvml_total_bytes")
+        lines.append(
+            f"  {device}: in use {format_bytes(row.get('current_bytes'))}, peak since "
+            f"the last sample {format_bytes(row.get('peak_bytes'))}"
+            + (f", limit {format_bytes(limit)}" if limit else ""))
+    return lines
+
+
+def oom_report_text(watch: Any, error: BaseException, last_n: int = 20,
+                    deferred: bool = False) -> str:
+    """The out-of-memory report for a person.
+
+    Each section that cannot be computed says why instead; this function
+    does not raise for a watch that recorded nothing.
+
+    Args:
+        watch: the `MemWatch` that watched the failed `fit`.
+        error: the out-of-memory exception.
+        last_n: samples listed before the failure. Defaults to `20`.
+        deferred: the error surfaced only when the model's variables were
+            awaited after `fit` (JAX runs steps asynchronously), so the step
+            that failed is among the last ones sampled. Defaults to `False`.
+
+    Returns:
+        The report, several lines.
+    """
+    import pandas as pd
+
+    from keras_memwatch.units import format_bytes
+
+    kind = type(error)
+    first = _message(error).strip().splitlines()
+    lines = [
+        "keras_memwatch: training ran out of memory",
+        f"exception: {kind.__module__}.{kind.__qualname__}: "
+        f"{first[0][:_MAX_LINE] if first else ''}",
+        "",
+        "What the framework says it tried to allocate, and where:",
+    ]
+    said = allocation_lines(error)
+    lines += [f"  {line}" for line in said] or ["  (the message states no allocation)"]
+    size = requested_bytes(error)
+    if size is not None:
+        lines.append(f"  requested: {format_bytes(size)} ({size} bytes)")
+
+    sections: list[tuple[str, Any]] = [
+        ("Memory at the failure (sampled now)", lambda: _now(watch)),
+    ]
+    for title, make in sections:
+        try:
+            body = make()
+        except Exception as e:
+            body = [f"  (not available: {e!r})"]
+        if body:
+            lines += ["", f"{title}:"] + body
+
+    try:
+        frame = watch.to_dataframe()
+    except Exception as e:
+        lines += ["", f"No record: {e!r}"]
+        return "\n".join(lines) + "\n"
+    if frame.empty:
+        lines += ["", "No samples were recorded before the failure."]
+        return "\n".join(lines) + "\n"
+    last = frame.sort_values("step").iloc[-1]
+    batch = last["batch"]
+    if deferred:
+        where = (f"JAX reported the error only when the model's variables were "
+                 f"awaited after the guarded block (its steps run asynchronously), "
+                 f"so the step that failed is among the last ones sampled (the last: "
+                 f"epoch {last['epoch']} batch {batch})")
+    elif pd.isna(batch):
+        where = "at train begin, before the first batch was sampled"
+    else:
+        where = (f"after epoch {last['epoch']} batch {batch} ({last['phase']}), the "
+                 "last sample; the step that failed was not sampled")
+    lines += ["", f"Where: {where}.", "", f"Last {last_n} samples:"]
+    try:
+        lines.append(_last_samples(frame, last_n))
+    except Exception as e:
+        lines.append(f"  (not available: {e!r})")
+    lines += ["", "Spikes:"]
+    try:
+        spikes = watch.spikes
+        if len(spikes):
+            lines.append("  " + spikes.to_string(index=False).replace("\n", "\n  "))
+        else:
+            lines.append("  none")
+    except Exception as e:
+        lines.append(f"  (not available: {e!r})")
+    lines += ["", _summary(watch, frame)]
+    return "\n".join(lines) + "\n"
+
+
+def _summary(watch: Any, frame: Any) -> str:
+    """The summary, with the breakdown that knows the model when it can."""
+    try:
+        from keras_memwatch.report import drift_from_frame, log_sources, summarize
+
+        sampler = getattr(watch, "_sampler", None)
+        sources = dict(getattr(sampler, "notes", {}) or {}) or log_sources(frame)
+        has_model = getattr(watch, "model", None) is not None
+        breakdown = watch.breakdown() if has_model else None
+        return summarize(frame, watch.spikes, drift_from_frame(frame), sources,
+                         breakdown=breakdown)
+    except Exception as e:
+        logger.debug("summary with the model failed (%r); the plain summary follows", e)
+    try:
+        return watch.summary()
+    except Exception as e:
+        return f"(summary not available: {e!r})"
+
+
+def _report_paths(watch: Any, report_dir: Optional[PathLike]) -> tuple[str, str]:
+    """`<stem>.oom.txt` and `<stem>.oom.csv`, none of them existing yet."""
+    paths = list(getattr(watch, "log_paths", None) or [])
+    log_path = paths[-1] if paths else getattr(watch, "log_path", None)
+    if log_path is not None:
+        folder, name = os.path.split(os.fspath(log_path))
+        stem = os.path.splitext(name)[0]
+    else:
+        folder, stem = "", "memwatch"
+    if report_dir is not None:
+        folder = os.fspath(report_dir)
+    folder = folder or os.getcwd()
+    n = 0
+    while True:
+        tag = f"{stem}.oom" if n == 0 else f"{stem}.oom.{n}"
+        txt = os.path.join(folder, f"{tag}.txt")
+        csv = os.path.join(folder, f"{tag}.csv")
+        if not os.path.lexists(txt) and not os.path.lexists(csv):
+            return txt, csv
+        n += 1
+
+
+def write_oom_report(
+    watch: Any,
+    error: BaseException,
+    report_dir: Optional[PathLike] = None,
+    last_n: int = 20,
+    deferred: bool = False,
+) -> tuple[str, str]:
+    """Writes the out-of-memory report (text) and the record (CSV).
+
+    Args:
+        watch: the `MemWatch` that watched the failed `fit`.
+        error: the out-of-memory exception.
+        report_dir: write there. Defaults to `None`: next to the watch's
+            `log_path`, else in the current directory.
+        last_n: samples listed before the failure. Defaults to `20`.
+        deferred: the error surfaced after the block (JAX's asynchronous
+            steps); the report says so. Defaults to `False`.
+
+    Returns:
+        The paths written: `(<stem>.oom.txt, <stem>.oom.csv)`, where `<stem>`
+        is the log's name without `.csv` (else `memwatch`); an existing
+        report is never overwritten (`<stem>.oom.1.txt`, ...).
+
+    Raises:
+        OSError: when the files cannot be written.
+    """
+    text = oom_report_text(watch, error, last_n, deferred)
+    txt, csv = _report_paths(watch, report_dir)
+    os.makedirs(os.path.dirname(txt) or ".", exist_ok=True)
+    with open(txt, "x", encoding="utf-8") as f:
+        f.write(text)
+    try:
+        frame = watch.to_dataframe()
+    except Exception:
+        from keras_memwatch.recorder import empty_frame
+
+        frame = empty_frame()
+    with open(csv, "x", encoding="utf-8", newline="") as f:
+        frame.to_csv(f, index=False)
+    return txt, csv
+
+
+def _deferred_error(watch: Any) -> Optional[BaseException]:
+    """Waits for the model's variables under JAX; returns what that raises.
+
+    Keras runs JAX steps asynchronously when every callback is async-safe
+    (MemWatch is), so an allocation that fails inside a step may surface
+    only when its results are awaited, after `fit` has returned.
+    """
+    keras = sys.modules.get("keras")
+    jax = sys.modules.get("jax")
+    model = getattr(watch, "model", None)
+    if keras is None or jax is None or model is None:
+        return None
+    try:
+        if keras.backend.backend() != "jax":
+            return None
+        values = [v.value for v in model.trainable_variables]
+    except Exception:
+        return None
+    try:
+        jax.block_until_ready(values)
+    except Exception as e:
+        return e
+    return None
+
+
+class OomGuard(contextlib.ContextDecorator):
+    """Writes an out-of-memory report when the guarded block runs out of memory.
+
+    Use `oom_guard(watch)` (or `MemWatch.guard()`) to make one. The
+    exception is never swallowed, replaced or chained: the guard only looks
+    at it, writes the report and lets it go on. The report's failure (a
+    read-only folder) is logged as a warning, never raised over the
+    out-of-memory error.
+
+    Attributes:
+        watch: the `MemWatch` whose record goes into the report.
+        report_dir: where the report goes (`None`: next to the log).
+        last_n: samples listed in the report.
+        report_paths: `(txt, csv)` written by the last out-of-memory exit,
+            else `()`.
+        error: the out-of-memory exception seen last, else `None`.
+        deferred: whether that error surfaced only when the guard waited for
+            the model's variables at the end of the block (JAX).
+    """
+
+    def __init__(self, watch: Any, report_dir: Optional[PathLike] = None,
+                 last_n: int = 20):
+        if isinstance(last_n, bool) or not isinstance(last_n, int) or last_n < 1:
+            raise ValueError(
+                "Expected `last_n` to be a positive integer. Received: "
+                f"last_n={last_n!r}")
+        self.watch = watch
+        self.report_dir = report_dir
+        self.last_n = last_n
+        self.report_paths: tuple[str, ...] = ()
+        self.error: Optional[BaseException] = None
+        self.deferred = False
+
+    def __enter__(self) -> OomGuard:
+        self.report_paths = ()
+        self.error = None
+        self.deferred = False
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> bool:
+        if exc is None:
+            deferred = _deferred_error(self.watch)
+            if deferred is None or not is_oom_error(deferred):
+                return False
+            self.deferred = True
+            self._report(deferred)
+            raise deferred  # JAX's own exception, raised where it surfaced
+        if is_oom_error(exc):
+            self._report(exc)
+        return False  # the original exception goes on, unchanged
+
+    def _report(self, error: BaseException) -> None:
+        self.error = error
+        try:
+            self.report_paths = write_oom_report(self.watch, error, self.report_dir,
+                                                 self.last_n, deferred=self.deferred)
+        except Exception as e:
+            logger.warning("out of memory, and the report could not be written: %r", e)
+            return
+        logger.error("training ran out of memory (%s); report written to %s and %s",
+                     type(error).__name__, *self.report_paths)
+        # Keras does not call `on_train_end` when `fit` raises: let the watch
+        # close its probes and its streamed log, where it offers a way.
+        close = getattr(self.watch, "close", None)
+        if callable(close):
+            try:
+                close()
+            except Exception as e:
+                logger.debug("closing the watch failed: %r", e)
+
+
+def oom_guard(watch: Any, report_dir: Optional[PathLike] = None, *,
+              last_n: int = 20) -> OomGuard:
+    """Guards a `fit` call: on out-of-memory, writes a report of what was happening.
+
+    Args:
+        watch: the `MemWatch` passed to `fit`'s callbacks.
+        report_dir: write the report there. Defaults to `None`: next to
+            the watch's `log_path` (`mem.csv` gives `mem.oom.txt` and
+            `mem.oom.csv`), else in the current directory (`memwatch.oom.*`).
+        last_n: samples listed in the report. Defaults to `20`.
+
+    Returns:
+        An `OomGuard`, a context manager (and decorator).
+
+    Raises:
+        ValueError: for a `last_n` that is not a positive integer.
+
+    Example:
+
+    ```python
+    watch = MemWatch(log_path="mem.csv")
+    with oom_guard(watch):
+        model.fit(x, y, callbacks=[watch])   # OOM: mem.oom.txt, mem.oom.csv
+    ```
+    """
+    return OomGuard(watch, report_dir, last_n)

@@ -1,0 +1,377 @@
+"""oom_guard: recognising out-of-memory errors, the report, and real failures
+inside `fit` (the active backend's own OOM class, and real allocation
+failures under an address-space limit in a child process)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pandas as pd
+import pytest
+
+from keras_memwatch import MemWatch, load_log
+from keras_memwatch.guard import (
+    OomGuard,
+    allocation_lines,
+    is_oom_error,
+    oom_guard,
+    requested_bytes,
+    write_oom_report,
+)
+
+BACKEND = keras.backend.backend()
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TORCH_MESSAGE = (
+    "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+    "79.19 GiB of which 1.06 GiB is free. Of the allocated memory 75.10 GiB is "
+    "allocated by PyTorch, and 1.02 GiB is reserved by PyTorch but unallocated. See "
+    "documentation for Memory Management")
+XLA_MESSAGE = ("RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
+               "4294967296 bytes.")
+TF_MESSAGE = ("OOM when allocating tensor with shape[4096,262144] and type float on "
+              "/job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc")
+
+
+def framework_oom():
+    """A real out-of-memory exception of the active backend's framework."""
+    if BACKEND == "torch":
+        import torch
+
+        return torch.OutOfMemoryError(TORCH_MESSAGE)
+    if BACKEND == "jax":
+        import jax
+
+        return jax.errors.JaxRuntimeError(XLA_MESSAGE)
+    import tensorflow as tf
+
+    return tf.errors.ResourceExhaustedError(None, None, TF_MESSAGE)
+
+
+class Raiser(keras.callbacks.Callback):
+    """Raises `error` at the end of training batch `at`, as a failed step would."""
+
+    def __init__(self, error, at=3):
+        super().__init__()
+        self.error, self.at = error, at
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == self.at:
+            raise self.error
+
+
+def tiny_fit(watch, error, at=3):
+    model = keras.Sequential([keras.Input((8,)),
+                              keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(128, 8)), rng.normal(size=(128, 1))
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0,
+              callbacks=[watch, Raiser(error, at)])
+
+
+# -- recognising out of memory ---------------------------------------------
+
+
+def test_the_active_frameworks_oom_class_is_recognised():
+    assert is_oom_error(framework_oom())
+
+
+@pytest.mark.parametrize("name, message", [
+    ("ResourceExhaustedError", "anything"),
+    ("OutOfMemoryError", "anything"),
+    ("XlaRuntimeError", XLA_MESSAGE),
+    ("JaxRuntimeError", "RESOURCE_EXHAUSTED: Out of memory allocating 1 bytes."),
+])
+def test_framework_classes_are_recognised_by_name(name, message):
+    cls = type(name, (RuntimeError,), {})
+    assert is_oom_error(cls(message))
+
+
+def test_other_errors_are_not_out_of_memory():
+    assert not is_oom_error(ValueError("RESOURCE_EXHAUSTED"))
+    assert not is_oom_error(RuntimeError("shapes do not match"))
+    jax_like = type("JaxRuntimeError", (RuntimeError,), {})
+    assert not is_oom_error(jax_like("INVALID_ARGUMENT: bad shape"))
+    assert not is_oom_error(KeyboardInterrupt())
+
+
+def test_plain_runtime_errors_that_say_so_and_causes():
+    assert is_oom_error(MemoryError())
+    assert is_oom_error(RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate "
+        "memory: you tried to allocate 819200000 bytes."))
+    try:
+        try:
+            raise framework_oom()
+        except Exception as inner:
+            raise RuntimeError("wrapped by a user's helper") from inner
+    except RuntimeError as outer:
+        assert is_oom_error(outer)
+
+
+def test_what_each_framework_says_it_tried_to_allocate():
+    torch_like = MemoryError(TORCH_MESSAGE)
+    assert allocation_lines(torch_like)[:2] == [
+        "CUDA out of memory.", "Tried to allocate 2.00 GiB."]
+    assert "GPU 0 has a total capacity of 79.19 GiB of which 1.06 GiB is free." in (
+        allocation_lines(torch_like))
+    assert requested_bytes(torch_like) == 2 * 2**30
+    assert requested_bytes(MemoryError(XLA_MESSAGE)) == 4294967296
+    assert allocation_lines(MemoryError(XLA_MESSAGE)) == [XLA_MESSAGE]
+    assert requested_bytes(MemoryError(TF_MESSAGE)) == 4096 * 262144 * 4
+    assert requested_bytes(MemoryError(
+        "\x1b[1mDefaultCPUAllocator: can't allocate memory: you tried to allocate "
+        "819200000 bytes.\x1b[0m")) == 819200000
+    assert requested_bytes(MemoryError("no sizes here")) is None
+
+
+# -- the guard around a real fit -------------------------------------------
+
+
+def test_guard_writes_the_report_and_reraises_the_same_object(tmp_path, memwatch_logs):
+    watch = MemWatch(probes="host", log_path=tmp_path / "mem.csv", verbose=0)
+    error = framework_oom()
+    guard = oom_guard(watch)
+    with pytest.raises(type(error)) as caught:
+        with guard:
+            tiny_fit(watch, error, at=3)
+    assert caught.value is error
+    assert guard.error is error and not guard.deferred
+    txt, csv = str(tmp_path / "mem.oom.txt"), str(tmp_path / "mem.oom.csv")
+    assert guard.report_paths == (txt, csv)
+    text = open(txt).read()
+    assert text.startswith("keras_memwatch: training ran out of memory\n")
+    assert f"exception: {type(error).__module__}." in text
+    assert "What the framework says it tried to allocate, and where:" in text
+    if BACKEND == "torch":
+        assert "Tried to allocate 2.00 GiB." in text and "requested: 2.00 GiB" in text
+    elif BACKEND == "jax":
+        assert "Out of memory while trying to allocate 4294967296 bytes" in text
+    else:
+        assert "OOM when allocating tensor with shape[4096,262144]" in text
+        assert "requested: 4.00 GiB" in text
+    assert "Memory at the failure (sampled now):\n  host: in use" in text
+    assert "Where: after epoch 0 batch 3 (train), the last sample" in text
+    assert "Last 20 samples:" in text and "Spikes:\n  none" in text
+    assert "Where the memory went:" in text and "weights:" in text
+    assert "optimizer state:" in text  # the breakdown knew the model
+    record = load_log(csv)
+    assert record["batch"].dropna().tolist() == [0, 1, 2, 3]
+    pd.testing.assert_frame_equal(record, watch.to_dataframe())
+    errors = [r.getMessage() for r in memwatch_logs.records
+              if r.levelno == logging.ERROR]
+    assert errors == [f"training ran out of memory ({type(error).__name__}); report "
+                      f"written to {txt} and {csv}"]
+
+
+def test_other_exceptions_pass_through_untouched(tmp_path):
+    watch = MemWatch(probes="host", log_path=tmp_path / "mem.csv", verbose=0)
+    error = ValueError("a bug in the user's code")
+    with pytest.raises(ValueError) as caught:
+        with oom_guard(watch) as guard:
+            tiny_fit(watch, error)
+    assert caught.value is error
+    assert guard.report_paths == () and guard.error is None
+    assert sorted(os.listdir(tmp_path)) == ["mem.csv"]
+
+
+def test_guard_without_a_log_writes_to_report_dir_and_never_overwrites(tmp_path):
+    watch = MemWatch(probes="host", verbose=0)
+    for _ in range(2):
+        with pytest.raises(MemoryError):
+            with oom_guard(watch, report_dir=tmp_path, last_n=3):
+                tiny_fit(watch, MemoryError("Tried to allocate 1.00 GiB"), at=5)
+    assert sorted(os.listdir(tmp_path)) == [
+        "memwatch.oom.1.csv", "memwatch.oom.1.txt", "memwatch.oom.csv",
+        "memwatch.oom.txt"]
+    text = (tmp_path / "memwatch.oom.txt").read_text()
+    table = text.split("Last 3 samples:\n")[1].split("\n\n")[0].splitlines()
+    assert len(table) == 4  # header and three samples
+    assert table[-1].split()[:3] == ["6", "0", "5"]
+
+
+def test_guard_is_a_decorator_and_a_clean_block_writes_nothing(tmp_path):
+    watch = MemWatch(probes="host", verbose=0)
+    guard = oom_guard(watch, report_dir=tmp_path)
+
+    @guard
+    def train():
+        tiny_fit(watch, None, at=-1)
+
+    train()
+    assert os.listdir(tmp_path) == [] and guard.report_paths == ()
+
+
+def test_report_for_a_watch_that_recorded_nothing(tmp_path):
+    watch = MemWatch(probes="host", verbose=0)
+    txt, csv = write_oom_report(watch, MemoryError("Tried to allocate 8.00 GiB"),
+                                report_dir=tmp_path)
+    text = open(txt).read()
+    assert "requested: 8.00 GiB" in text
+    assert "No samples were recorded before the failure." in text
+    assert load_log(csv).empty
+
+
+def test_a_report_that_cannot_be_written_never_hides_the_error(tmp_path, memwatch_logs):
+    watch = MemWatch(probes="host", verbose=0)
+    error = MemoryError("Tried to allocate 1.00 GiB")
+    with pytest.raises(MemoryError) as caught:
+        with oom_guard(watch, report_dir=tmp_path / "missing" / "\0bad"):
+            raise error
+    assert caught.value is error
+    assert "the report could not be written" in memwatch_logs.text
+
+
+def test_memwatch_guard_method(tmp_path):
+    if not hasattr(MemWatch, "guard"):
+        pytest.skip("MemWatch.guard is not wired into callback.py yet")
+    watch = MemWatch(probes="host", log_path=tmp_path / "mem.csv", verbose=0)
+    error = framework_oom()
+    with pytest.raises(type(error)) as caught:
+        with watch.guard(last_n=5) as guard:
+            tiny_fit(watch, error)
+    assert caught.value is error and isinstance(guard, OomGuard)
+    assert (tmp_path / "mem.oom.txt").exists() and (tmp_path / "mem.oom.csv").exists()
+
+
+def test_bad_last_n():
+    with pytest.raises(ValueError, match="last_n"):
+        OomGuard(MemWatch(probes="host"), last_n=0)
+
+
+# -- real allocation failures, in a child process ----------------------------
+
+CHILD = textwrap.dedent("""
+    import json, os, resource, sys
+    import numpy as np
+    import keras
+    from keras_memwatch import MemWatch
+    from keras_memwatch.guard import oom_guard
+
+    out = sys.argv[1]
+    model = keras.Sequential([
+        keras.Input((64, 64, 1)),
+        keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+        keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+        keras.layers.Flatten(),
+        keras.layers.Dense(1),
+    ])
+    model.compile(optimizer="adam", loss="mse")
+    rng = np.random.default_rng(0)
+    small = (rng.random((16, 64, 64, 1), dtype=np.float32),
+             rng.random((16, 1), dtype=np.float32))
+    # a step of 2000 samples needs about 5 GiB of activations
+    big = (np.ones((2000, 64, 64, 1), np.float32), np.ones((2000, 1), np.float32))
+    model.fit(*small, batch_size=8, epochs=1, verbose=0)
+
+    def batches():
+        for _ in range(6):
+            yield small
+        yield big
+
+    def vm():
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmSize"):
+                    return int(line.split()[1]) * 1024
+
+    watch = MemWatch(probes="host", log_path=os.path.join(out, "mem.csv"), verbose=0)
+    resource.setrlimit(resource.RLIMIT_AS, (vm() + 768 * 2**20, resource.RLIM_INFINITY))
+    guard = oom_guard(watch)
+    try:
+        with guard:
+            model.fit(batches(), steps_per_epoch=7, epochs=1, verbose=0,
+                      callbacks=[watch])
+        result = {"raised": None}
+    except BaseException as e:
+        result = {"raised": type(e).__name__, "same": e is guard.error,
+                  "deferred": guard.deferred, "paths": list(guard.report_paths)}
+    print(json.dumps(result))
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS, /proc")
+@pytest.mark.skipif(BACKEND not in ("jax", "torch"),
+                    reason="TensorFlow crashes under RLIMIT_AS instead of raising")
+def test_a_real_allocation_failure_under_an_address_space_limit(tmp_path):
+    """A step that needs more memory than the process may map: JAX raises
+    RESOURCE_EXHAUSTED (when the step's results are awaited), PyTorch's CPU
+    allocator a RuntimeError; the guard reports both."""
+    (tmp_path / "child.py").write_text(CHILD)
+    env = dict(os.environ, KERAS_BACKEND=BACKEND,
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, str(tmp_path / "child.py"), str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    expected = {"jax": "JaxRuntimeError", "torch": "RuntimeError"}[BACKEND]
+    assert result["raised"] == expected and result["same"], result
+    text = (tmp_path / "mem.oom.txt").read_text()
+    if BACKEND == "jax":
+        assert result["deferred"]
+        assert "RESOURCE_EXHAUSTED: Out of memory" in text
+        assert "JAX reported the error only when" in text
+    else:
+        assert not result["deferred"]
+        assert "DefaultCPUAllocator: can't allocate memory" in text
+        assert "Where: after epoch 0 batch 5 (train)" in text
+    assert "requested: " in text
+    assert load_log(tmp_path / "mem.oom.csv")["batch"].notna().sum() >= 6
+
+
+GPU_CHILD = textwrap.dedent("""
+    import json, os, sys
+    from keras_memwatch import MemWatch, configure_memory
+    configure_memory(memory_limit_mb=1024)
+    import numpy as np
+    import keras
+    from keras_memwatch.guard import oom_guard
+
+    model = keras.Sequential([
+        keras.Input((128, 128, 3)),
+        keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
+        keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
+        keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dense(1),
+    ])
+    model.compile(optimizer="adam", loss="mse")
+    x = np.ones((1024, 128, 128, 3), np.float32)
+    y = np.ones((1024, 1), np.float32)
+    watch = MemWatch(log_path=os.path.join(sys.argv[1], "mem.csv"), verbose=0)
+    guard = oom_guard(watch)
+    try:
+        with guard:
+            model.fit(x, y, batch_size=512, epochs=1, verbose=0, callbacks=[watch])
+        result = {"raised": None}
+    except BaseException as e:
+        result = {"raised": type(e).__name__, "same": e is guard.error,
+                  "deferred": guard.deferred, "paths": list(guard.report_paths)}
+    print(json.dumps(result))
+""")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(BACKEND == "tensorflow",
+                    reason="the TensorFlow build here has no GPU support")
+def test_gpu_out_of_memory_under_a_configured_limit(tmp_path):
+    (tmp_path / "child.py").write_text(GPU_CHILD)
+    env = dict(os.environ, KERAS_BACKEND=BACKEND,
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, str(tmp_path / "child.py"), str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["raised"] in ("OutOfMemoryError", "JaxRuntimeError",
+                                "XlaRuntimeError"), result
+    assert result["same"] and len(result["paths"]) == 2
+    text = (tmp_path / "mem.oom.txt").read_text()
+    assert "requested: " in text and "GPU:0" in text
