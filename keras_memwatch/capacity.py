@@ -513,16 +513,6 @@ class _Batches:
                 None if self.y is None else keras.tree.map_structure(take, self.y))
 
 
-def _unique(variables: Sequence[Any]) -> list[Any]:
-    seen: set[int] = set()
-    out = []
-    for v in variables:
-        if id(v) not in seen:
-            seen.add(id(v))
-            out.append(v)
-    return out
-
-
 def _numpy_copy(variable: Any) -> Any:
     import keras
     import numpy as np

@@ -11,11 +11,11 @@ not thread-safe on their own).
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from bisect import bisect_left, insort
 from collections import deque
-from typing import Callable, Optional
+from typing import Optional
 
+from keras_memwatch import options
 from keras_memwatch.units import MIB, format_bytes
 
 __all__ = ["DriftEvent", "DriftMonitor", "SpikeDetector"]
@@ -24,27 +24,6 @@ _INF = float("inf")
 
 # Runs of up to this many spike samples are never taken for a new level.
 _MAX_ISOLATED_SPIKE = 3
-
-
-def _check_int(name: str, value: object, minimum: int) -> int:
-    what = "a positive integer" if minimum == 1 else "a non-negative integer"
-    message = f"Expected `{name}` to be {what}. Received: {name}={value!r}"
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(message)
-    if value < minimum:
-        raise ValueError(message)
-    return int(value)
-
-
-def _check_real(
-    name: str, value: object, what: str, ok: Callable[[float], bool]
-) -> float:
-    message = f"Expected `{name}` to be {what}. Received: {name}={value!r}"
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(message)
-    if not (-_INF < value < _INF) or not ok(value):
-        raise ValueError(message)
-    return float(value)
 
 
 def _median(sorted_values: list) -> float:
@@ -137,18 +116,11 @@ class SpikeDetector:
         min_delta_mb: float = 64,
         warmup: int = 5,
     ) -> None:
-        self._window_size = _check_int("window", window, 1)
-        self._threshold = _check_real(
-            "threshold", threshold, "a number greater than 1", lambda x: x > 1
-        )
-        self._min_delta_mb = _check_real(
-            "min_delta_mb",
-            min_delta_mb,
-            "a non-negative number",
-            lambda x: x >= 0,
-        )
+        self._window_size = options.positive_int("window", window)
+        self._threshold = options.number_above("threshold", threshold, 1)
+        self._min_delta_mb = options.non_negative("min_delta_mb", min_delta_mb)
         self._min_delta = self._min_delta_mb * MIB
-        self._warmup = _check_int("warmup", warmup, 0)
+        self._warmup = options.non_negative_int("warmup", warmup)
         self._plateau = min(
             self._window_size, max(self._warmup, _MAX_ISOLATED_SPIKE + 1)
         )
@@ -340,7 +312,7 @@ class RollingMedian:
     __slots__ = ("window", "_values", "_sorted")
 
     def __init__(self, window: int) -> None:
-        self.window = _check_int("window", window, 1)
+        self.window = options.positive_int("window", window)
         self._values: deque = deque()
         self._sorted: list = []
 
@@ -395,12 +367,7 @@ class DriftMonitor:
     EPOCHS = 3
 
     def __init__(self, min_delta_mb: float = 64) -> None:
-        self._min_delta_mb = _check_real(
-            "min_delta_mb",
-            min_delta_mb,
-            "a non-negative number",
-            lambda x: x >= 0,
-        )
+        self._min_delta_mb = options.non_negative("min_delta_mb", min_delta_mb)
         self._min_delta = self._min_delta_mb * MIB
         self._history: deque = deque(maxlen=self.EPOCHS)
         self._start_epoch()

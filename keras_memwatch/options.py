@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 from typing import Any, Callable, Optional
@@ -30,9 +31,9 @@ def positive_int(name: str, value: Any) -> int:
 
 def non_negative_int(name: str, value: Any) -> int:
     if not _is_int(value):
-        raise _fail(name, "an integer >= 0", value, TypeError)
+        raise _fail(name, "a non-negative integer", value, TypeError)
     if value < 0:
-        raise _fail(name, "an integer >= 0", value)
+        raise _fail(name, "a non-negative integer", value)
     return int(value)
 
 
@@ -40,16 +41,16 @@ def number_above(name: str, value: Any, bound: float) -> float:
     expected = f"a number greater than {bound:g}"
     if not _is_number(value):
         raise _fail(name, expected, value, TypeError)
-    if not value > bound:  # also refuses NaN
+    if not bound < value < math.inf:  # also refuses NaN
         raise _fail(name, expected, value)
     return float(value)
 
 
 def non_negative(name: str, value: Any) -> float:
     if not _is_number(value):
-        raise _fail(name, "a number >= 0", value, TypeError)
-    if not value >= 0 or value == float("inf"):
-        raise _fail(name, "a finite number >= 0", value)
+        raise _fail(name, "a non-negative number", value, TypeError)
+    if not 0 <= value < math.inf:  # also refuses NaN
+        raise _fail(name, "a non-negative number", value)
     return float(value)
 
 
