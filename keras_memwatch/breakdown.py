@@ -53,7 +53,7 @@ def _size(variable: Any) -> int:
     return int(math.prod(int(d) for d in variable.shape))
 
 
-def _unique(variables: Iterable[Any]) -> list[Any]:
+def unique_variables(variables: Iterable[Any]) -> list[Any]:
     seen: set[int] = set()
     out = []
     for v in variables:
@@ -72,7 +72,7 @@ def variable_bytes(variables: Iterable[Any]) -> int:
     Returns:
         The bytes they hold.
     """
-    return sum(_size(v) * dtype_size(v.dtype) for v in _unique(variables))
+    return sum(_size(v) * dtype_size(v.dtype) for v in unique_variables(variables))
 
 
 def _optimizer_name(optimizer: Any) -> str:
@@ -82,8 +82,8 @@ def _optimizer_name(optimizer: Any) -> str:
 
 
 def _static(model: Any, out: dict, notes: list[str]) -> None:
-    trainable = _unique(model.trainable_weights)
-    non_trainable = _unique(model.non_trainable_weights)
+    trainable = unique_variables(model.trainable_weights)
+    non_trainable = unique_variables(model.non_trainable_weights)
     out["trainable_params"] = sum(_size(v) for v in trainable)
     out["non_trainable_params"] = sum(_size(v) for v in non_trainable)
     out["trainable_bytes"] = variable_bytes(trainable)
@@ -100,7 +100,7 @@ def _static(model: Any, out: dict, notes: list[str]) -> None:
             f"optimizer state unknown: {out['optimizer']} is not built yet "
             "(it creates its slots at the first training step)")
         return
-    variables = _unique(optimizer.variables)
+    variables = unique_variables(optimizer.variables)
     out["optimizer_bytes"] = variable_bytes(variables)
     slots = sum(_size(v) for v in variables if len(v.shape) > 0)
     if out["trainable_params"]:

@@ -82,6 +82,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
+from keras_memwatch.breakdown import unique_variables
 from keras_memwatch.units import format_bytes
 
 logger = logging.getLogger("keras_memwatch")
@@ -551,7 +552,7 @@ class _ModelState:
 
     def __init__(self, model: Any):
         self.model = model
-        self.variables = _unique(list(model.variables)
+        self.variables = unique_variables(list(model.variables)
                                  + list(model.optimizer.variables)
                                  + list(model.metrics_variables))
         self.values = [_numpy_copy(v) for v in self.variables]

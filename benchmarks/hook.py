@@ -1,0 +1,160 @@
+"""Cost per sample of MemWatch's own work, in thread CPU time.
+
+MemWatch's batch hooks (`on_train_batch_begin` on the training thread and
+`on_train_batch_end`, on a Keras worker thread under JAX and PyTorch) are
+timed with `time.thread_time_ns`, so a hook is charged for its own work and
+not for waiting on the GIL or on an earlier batch. Next to it, in the same
+`fit`, a minimal async-safe hook does nothing but the same probes' `read()`.
+A second fit times each probe's `read()` inside both hooks, to show where
+MemWatch's time goes (probes vs its own bookkeeping: spike detection, the
+recorder, the logs). The first epoch of every fit is left out. A hot loop
+of the same reads outside `fit` is given for scale.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+from typing import Any
+
+from benchmarks import arms as A
+from benchmarks.common import log, spread, thread_ns, timer_overhead_ns
+from benchmarks.workloads import build_model, make_data, workload
+
+
+def _after_first_epoch(values: list, marks: list, index: int) -> list:
+    """The values recorded from the second epoch on."""
+    if len(marks) < 2:
+        return list(values)
+    return list(values[marks[1][index]:])
+
+
+def _us(values: list, overhead_ns: float) -> list[float]:
+    return [max(v - overhead_ns, 0.0) / 1e3 for v in values]
+
+
+def hot_loop_us(probes: list, n: int = 2000) -> dict[str, float]:
+    """Thread CPU time of each probe's read() in a tight loop, best of 5."""
+    out = {}
+    for p in probes:
+        best = float("inf")
+        for _ in range(5):
+            t = thread_ns()
+            for _ in range(n):
+                p.read()
+            best = min(best, (thread_ns() - t) / n)
+        out[p.name] = best / 1e3
+    return out
+
+
+def run_hook_cost(gpu: bool, reps: int, steps: int, epochs: int,
+                  model_name: str = "mlp") -> dict[str, Any]:
+    w = workload(model_name, gpu)
+    model = build_model(w, gpu)
+    x, y = make_data(w, steps)
+    TimedMemWatch = A.timed_memwatch_class()
+    MinimalHook = A.minimal_hook_class()
+    overhead = timer_overhead_ns()
+
+    def fit(callbacks: list) -> None:
+        gc.collect()
+        model.fit(x, y, batch_size=w.batch_size, epochs=epochs, verbose=0,
+                  shuffle=False, callbacks=callbacks)
+
+    fit([])  # compile
+    fit([TimedMemWatch(), MinimalHook()])  # first-time work of both
+
+    # Whichever hook runs first after a step finds the caches cold and pays
+    # more: each runs first in half the rounds, and each figure is the mean
+    # of its median in either position.
+    reps = max(2, reps + reps % 2)
+    by_order: list[dict[str, list[float]]] = [
+        {"begin": [], "end": [], "minimal": []} for _ in range(2)]
+    probes_mw: dict[str, list[float]] = {}
+    probes_min: dict[str, list[float]] = {}
+    rounds = []
+    for r in range(reps):
+        first = r % 2  # 0: MemWatch first, 1: the minimal hook first
+        watch, minimal = TimedMemWatch(), MinimalHook()
+        fit([watch, minimal] if first == 0 else [minimal, watch])
+        begin = _us(_after_first_epoch(watch.begin_ns, watch.epoch_marks, 1), overhead)
+        end = _us(_after_first_epoch(watch.end_ns, watch.epoch_marks, 2), overhead)
+        mini = _us(_after_first_epoch(minimal.end_ns, minimal.epoch_marks, 1), overhead)
+        sink = by_order[first]
+        sink["begin"] += begin
+        sink["end"] += end
+        sink["minimal"] += mini
+        rnd = {"memwatch_first": first == 0,
+               "memwatch_us": statistics.median(begin) + statistics.median(end),
+               "minimal_us": statistics.median(mini)}
+        rnd["ratio"] = rnd["memwatch_us"] / rnd["minimal_us"]
+        rounds.append(rnd)
+
+        # Per probe, in a fit of its own (the wrappers cost a little).
+        watch, minimal = TimedMemWatch(per_probe=True), MinimalHook(per_probe=True)
+        fit([watch, minimal] if first == 0 else [minimal, watch])
+        for sink, hook in ((probes_mw, watch), (probes_min, minimal)):
+            for name, values in hook.probe_ns.items():
+                # skip the train-begin read and the first epoch's batches
+                keep = values[len(values) - len(values) * (epochs - 1) // epochs:]
+                sink.setdefault(name, []).extend(_us(keep, overhead))
+        log(f"  hook round {r + 1}/{reps} ({'MemWatch' if first == 0 else 'minimal'}"
+            f" first): MemWatch {rnd['memwatch_us']:.1f} us, minimal "
+            f"{rnd['minimal_us']:.1f} us, ratio {rnd['ratio']:.2f}")
+
+    probes = A.started_probes()
+    try:
+        hot = hot_loop_us(probes)
+        names = [p.name for p in probes]
+    finally:
+        A._close(probes)
+
+    def stat(values: list[float]) -> dict[str, Any]:
+        s = spread(values)
+        s["mean"] = statistics.fmean(values) if values else None
+        return s
+
+    positions = []
+    for sink in by_order:
+        begin, end, mini = (stat(sink[k]) for k in ("begin", "end", "minimal"))
+        positions.append({"memwatch_begin_us": begin, "memwatch_end_us": end,
+                          "memwatch_us": begin["median"] + end["median"],
+                          "memwatch_mean_us": begin["mean"] + end["mean"],
+                          "minimal_us": mini})
+    memwatch_median = statistics.fmean(p["memwatch_us"] for p in positions)
+    memwatch_mean = statistics.fmean(p["memwatch_mean_us"] for p in positions)
+    minimal_median = statistics.fmean(p["minimal_us"]["median"] for p in positions)
+    minimal_mean = statistics.fmean(p["minimal_us"]["mean"] for p in positions)
+    begin_median = statistics.fmean(
+        p["memwatch_begin_us"]["median"] for p in positions)
+    end_median = statistics.fmean(p["memwatch_end_us"]["median"] for p in positions)
+    per_probe = {}
+    for name in names:
+        mw = stat(probes_mw.get(name, []))
+        mn = stat(probes_min.get(name, []))
+        per_probe[name] = {
+            "in_memwatch_us": mw,
+            "in_minimal_us": mn,
+            "hot_loop_us": hot.get(name),
+        }
+    probe_sum = sum(p["in_memwatch_us"]["median"] or 0 for p in per_probe.values())
+    return {
+        "model": model_name,
+        "probes": names,
+        "batches_timed": sum(len(s["minimal"]) for s in by_order),
+        "rounds": reps,
+        "timer_overhead_us": overhead / 1e3,
+        "memwatch_begin_us": begin_median,
+        "memwatch_end_us": end_median,
+        "memwatch_us": memwatch_median,
+        "memwatch_mean_us": memwatch_mean,
+        "minimal_us": minimal_median,
+        "minimal_mean_us": minimal_mean,
+        "ratio": memwatch_median / minimal_median,
+        "ratio_mean": memwatch_mean / minimal_mean,
+        "ratio_per_round": spread([r["ratio"] for r in rounds]),
+        "by_position": {"memwatch_first": positions[0],
+                        "minimal_first": positions[1]},
+        "per_probe": per_probe,
+        "memwatch_own_us": memwatch_median - probe_sum,
+    }

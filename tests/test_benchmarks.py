@@ -1,0 +1,118 @@
+"""Smoke test of the benchmark suite: it runs with tiny sizes, in this
+process (the active backend) and through `python -m benchmarks.run` for one
+backend. Structure only: benchmarks are never timed here."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import arms as A  # noqa: E402
+from benchmarks.hook import run_hook_cost  # noqa: E402
+from benchmarks.overhead import run_overhead  # noqa: E402
+from benchmarks.report import render, targets  # noqa: E402
+from benchmarks.scale import run_scale  # noqa: E402
+from benchmarks.spikes import run_spike_scenario  # noqa: E402
+
+
+def positive(x):
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def test_overhead_runs_every_available_arm():
+    available = A.available_arms(gpu=False)
+    names = [a for a in ("none", "none_b", "memwatch", "sync", "stormlog")
+             if available[a] is None]
+    out = run_overhead("mlp", names, gpu=False, reps=1, steps=3, epochs=2)
+    assert set(out["arms"]) == set(names)
+    for arm in out["arms"].values():
+        assert positive(arm["step_ms"]["median"])
+        assert positive(arm["ratio"]["median"])
+        assert len(arm["ratios"]) == 1
+    assert out["arms"]["none"]["ratio"]["median"] == 1.0
+
+
+def test_hook_cost_has_memwatch_minimal_and_each_probe():
+    out = run_hook_cost(gpu=False, reps=2, steps=3, epochs=2)
+    assert "host" in out["probes"]
+    for key in ("memwatch_us", "minimal_us", "ratio", "memwatch_begin_us",
+                "memwatch_end_us"):
+        assert positive(out[key]), key
+    probe = out["per_probe"]["host"]
+    assert positive(probe["hot_loop_us"])
+    assert positive(probe["in_memwatch_us"]["median"])
+    assert positive(probe["in_minimal_us"]["median"])
+    assert out["batches_timed"] > 0
+
+
+def test_spike_scenario_reports_each_tool():
+    out = run_spike_scenario(gpu=False, batches=16)
+    assert out["oversized"] == [14]
+    tools = {t["tool"].split()[0]: t for t in out["tools"]}
+    memwatch = tools["MemWatch()"]
+    assert memwatch["tied_to_batch"] is True
+    assert memwatch["samples"] > 0
+    assert set(memwatch["caught"]) <= set(out["oversized"])
+    stormlog = next(t for t in out["tools"] if "tormlog" in t["tool"])
+    assert "skipped" in stormlog or stormlog["tied"] == []
+
+
+def test_scale_figures():
+    out = run_scale(samples=3000, csv_samples=500, ring=1000, detector_n=500,
+                    repeats=1)
+    assert [m["device"] for m in out["memory"]] == ["host", "GPU:0"]
+    for m in out["memory"]:
+        assert positive(m["allocated_bytes_per_row"])
+        assert m["rows"] == 3000
+    assert [m["rows"] for m in out["ring"]["memory"]] == [1000, 1000]
+    assert out["to_dataframe_host_only"]["rows"] == 3000
+    assert out["to_dataframe_host_and_gpu"]["rows"] == 6000
+    assert positive(out["csv"]["rows_per_s"])
+    assert positive(out["detector"]["window=1000"]["us_per_update"])
+
+
+@pytest.mark.skipif(not any(
+    __import__("importlib").util.find_spec(b) for b in ("jax", "torch")),
+    reason="needs jax or torch")
+def test_runner_quick_prints_a_table_and_writes_json(tmp_path):
+    import importlib.util
+
+    backend = "jax" if importlib.util.find_spec("jax") else "torch"
+    out = tmp_path / "bench.json"
+    overrides = {"overhead": {"reps": 1, "steps": 3}, "hook": {"steps": 3},
+                 "scale": {"samples": 2000, "csv_samples": 200, "ring": 500,
+                           "detector_n": 200}}
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--quick", "--backend", backend,
+         "--only", "overhead,hook,scale", "--models", "mlp", "--json", str(out),
+         "--overrides", json.dumps(overrides)],
+        cwd=str(ROOT), capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "### Overhead on training" in proc.stdout
+    assert "### Batch hook CPU time" in proc.stdout
+    assert "### Targets" in proc.stdout
+    results = json.loads(out.read_text())
+    assert results["machine"]["versions"]["keras"]
+    entry = results["backends"][backend]
+    assert entry["status"] == "ok"
+    assert {"none", "none_b", "memwatch"} <= set(entry["overhead"]["mlp"]["arms"])
+    assert positive(entry["hook"]["ratio"])
+    assert results["scale"]["scale"]["samples"] == 2000
+    assert results["targets"]
+    assert render(results) == proc.stdout.rstrip("\n") + "\n"
+    assert {t["target"] for t in targets(results)} >= {
+        "hook <= 1.5x minimal", "detector update < 5 us"}
+
+    from benchmarks.run import merge
+
+    merged = merge([str(out), str(out)])
+    assert list(merged["backends"]) == [f"{backend}/cpu"]
+    assert "### Overhead on training" in render(merged)
