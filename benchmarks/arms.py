@@ -305,7 +305,11 @@ def minimal_hook_class():
             self.names = [p.name for p in self.probes]
             if self.per_probe:
                 wrap_probe_reads(self.probes, self.probe_ns)
-            self._reads = [p.read for p in self.probes]
+            self._reads = [p.read for p in self.probes if not p.min_interval_s]
+            # Probes MemWatch reads at most every min_interval_s (NVML) are
+            # read as often here, so both hooks do the same reads.
+            self._timed = [[p.read, p.min_interval_s, 0.0]
+                           for p in self.probes if p.min_interval_s]
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch_marks.append((epoch, len(self.end_ns)))
@@ -314,6 +318,12 @@ def minimal_hook_class():
             t = thread_ns()
             for read in self._reads:
                 read()
+            if self._timed:
+                now = time.perf_counter()
+                for timed in self._timed:
+                    if now >= timed[2]:
+                        timed[2] = now + timed[1]
+                        timed[0]()
             self.end_ns.append(thread_ns() - t)
 
         def on_train_end(self, logs=None):

@@ -33,6 +33,7 @@ class Sequencer:
         self.max_wait_s = max_wait_s
         self._expected: collections.deque = collections.deque()
         self._waiting: dict[Key, Any] = {}
+        self._sleepers = 0  # threads inside wait_turn
 
     def expect(self, key: Key) -> None:
         """Announces the next key; needs no lock (one atomic append)."""
@@ -40,21 +41,31 @@ class Sequencer:
 
     def wait_turn(self, key: Key) -> None:
         """Blocks until every key announced before `key` has arrived."""
-        if key in self._expected:
+        expected = self._expected
+        if not expected or expected[0] == key or key not in expected:
+            return  # the usual case: in turn
+        self._sleepers += 1
+        try:
             self._turn.wait_for(
-                lambda: not self._expected or self._expected[0] == key,
-                self.max_wait_s)
+                lambda: not expected or expected[0] == key, self.max_wait_s)
+        finally:
+            self._sleepers -= 1
 
     def arrive(self, key: Key, item: Any) -> list[tuple[Key, Any]]:
         """Hands in the item of `key`; returns the items now due, in order."""
-        self._waiting[key] = item
-        due = []
-        if key not in self._expected:  # never announced: due at once
-            due.append((key, self._waiting.pop(key)))
-        while self._expected and self._expected[0] in self._waiting:
-            head = self._expected.popleft()
-            due.append((head, self._waiting.pop(head)))
-        if due:
+        expected, waiting = self._expected, self._waiting
+        if expected and expected[0] == key and not waiting:
+            expected.popleft()  # the usual case: in turn, nobody waiting
+            due = [(key, item)]
+        else:
+            waiting[key] = item
+            due = []
+            if key not in expected:  # never announced: due at once
+                due.append((key, waiting.pop(key)))
+            while expected and expected[0] in waiting:
+                head = expected.popleft()
+                due.append((head, waiting.pop(head)))
+        if self._sleepers:
             self._turn.notify_all()
         return due
 
