@@ -456,12 +456,8 @@ def _nvml_visible_totals() -> _NvmlView:
     try:
         from keras_memwatch.probes.nvml import visible_handles
 
-        count = pynvml.nvmlDeviceGetCount()
-        visible_env = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if visible_env is None:
-            chosen = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        else:
-            chosen = visible_handles(pynvml, visible_env, count)
+        chosen = visible_handles(pynvml, os.environ.get("CUDA_VISIBLE_DEVICES"),
+                                 pynvml.nvmlDeviceGetCount())
         return _NvmlView([_cuda_total(pynvml, h) for h in chosen])
     except Exception as error:
         return _NvmlView(None, f"NVML query failed ({error})")

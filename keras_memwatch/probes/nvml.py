@@ -94,10 +94,7 @@ class NvmlProbe(Probe):
     def _open(self, pynvml: Any) -> tuple[str, ...]:
         count = pynvml.nvmlDeviceGetCount()
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if visible is None:
-            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        else:
-            handles = visible_handles(pynvml, visible, count)
+        handles = visible_handles(pynvml, visible, count)
         if not handles:
             where = (
                 "NVML reports no GPU"
@@ -180,8 +177,11 @@ def _message(e: BaseException) -> str:
     return str(e) or type(e).__name__
 
 
-def visible_handles(pynvml: Any, visible: str, count: int) -> list[Any]:
-    """NVML handles for `CUDA_VISIBLE_DEVICES`, in CUDA's order."""
+def visible_handles(pynvml: Any, visible: Optional[str], count: int) -> list[Any]:
+    """NVML handles for `CUDA_VISIBLE_DEVICES`, in CUDA's order (all of
+    them when it is unset)."""
+    if visible is None:
+        return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
     uuids: Optional[list[str]] = None
     handles: list[Any] = []
     seen: set[Any] = set()
