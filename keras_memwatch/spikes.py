@@ -56,11 +56,13 @@ class SpikeEvent:
     @property
     def message(self) -> str:
         """The alert line, in human units."""
+        # Against a usual working memory near zero the ratio means little.
+        times = f"{self.ratio:.1f}x" if self.ratio < 100 else "over 100x"
         return (
             f"memory spike at epoch {self.epoch} batch {self.batch} on "
             f"{self.device}: peak {format_bytes(self.peak_bytes)} vs "
             f"baseline {format_bytes(self.baseline_bytes)} (this step needed "
-            f"{format_bytes(self.working_bytes)}, {self.ratio:.1f}x the usual "
+            f"{format_bytes(self.working_bytes)}, {times} the usual "
             f"{format_bytes(self.usual_working_bytes)})"
         )
 

@@ -245,3 +245,13 @@ def test_an_allocator_sawtooth_is_not_a_leak(memwatch_logs):
     fit(watch, epochs=2, n=1024)
     assert watch.spikes.empty
     assert "drift" not in memwatch_logs.text
+
+
+def test_alerts_do_not_print_huge_ratios_against_a_tiny_baseline(memwatch_logs):
+    static = 500 * MIB
+    working = [10 * 1024] * 8 + [500 * MIB] + [10 * 1024] * 7  # usually 10 KiB
+    probe = FakeProbe([(static, static)] + [(static, static + w) for w in working])
+    watch = MemWatch(probes=[probe])
+    fit(watch, epochs=1, n=256)
+    assert watch.spikes["ratio"].iloc[0] > 10_000
+    assert "over 100x the usual" in memwatch_logs.text
