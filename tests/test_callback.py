@@ -255,3 +255,16 @@ def test_alerts_do_not_print_huge_ratios_against_a_tiny_baseline(memwatch_logs):
     fit(watch, epochs=1, n=256)
     assert watch.spikes["ratio"].iloc[0] > 10_000
     assert "over 100x the usual" in memwatch_logs.text
+
+
+def test_a_burst_of_spikes_is_one_alert_and_one_summary(memwatch_logs):
+    # A new, persistent level: flagged a few times, then accepted.
+    watch = MemWatch(probes=[scripted([40] * 8 + [600] * 8)])
+    fit(watch, epochs=1, n=256)
+    flagged = watch.spikes["batch"].tolist()
+    assert len(flagged) >= 2 and flagged == list(range(8, 8 + len(flagged)))
+    warnings = [r.getMessage() for r in memwatch_logs.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2
+    assert warnings[0].startswith("memory spike at epoch 0 batch 8 on GPU:0")
+    assert warnings[1].startswith(
+        f"memory spike burst on GPU:0: {len(flagged)} consecutive spiking samples")
