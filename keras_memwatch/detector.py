@@ -349,6 +349,9 @@ class DriftMonitor:
 
     Args:
         min_delta_mb: Growth, in MiB, that a leak exceeds. Defaults to `64`.
+        smooth: When set, each value is first replaced by the rolling
+            median of the last `smooth` values, so that raw readings (an
+            allocator's sawtooth) can be fed in. Defaults to `None`.
 
     Raises:
         TypeError: When `min_delta_mb` is not a number (bools are not).
@@ -366,11 +369,12 @@ class DriftMonitor:
     #: Number of epochs that the across-epochs rule looks back over.
     EPOCHS = 3
 
-    def __init__(self, min_delta_mb: float = 64) -> None:
+    def __init__(self, min_delta_mb: float = 64, smooth: Optional[int] = None) -> None:
         self._min_delta_mb = options.non_negative("min_delta_mb", min_delta_mb)
         self._min_delta = self._min_delta_mb * MIB
+        self._smooth = smooth
         self._history: deque = deque(maxlen=self.EPOCHS)
-        self._start_epoch()
+        self.reset()
 
     @property
     def min_delta_mb(self) -> float:
@@ -386,6 +390,7 @@ class DriftMonitor:
     def reset(self) -> None:
         """Forgets the current epoch and the epochs before it."""
         self._history.clear()
+        self._level = None if self._smooth is None else RollingMedian(self._smooth)
         self._start_epoch()
 
     def update(self, baseline_bytes: Optional[float]) -> None:
@@ -397,6 +402,8 @@ class DriftMonitor:
         """
         if baseline_bytes is None or not (-_INF < baseline_bytes < _INF):
             return
+        if self._level is not None:
+            baseline_bytes = self._level.push(baseline_bytes)
         last = self._last
         if last is None:
             self._first = baseline_bytes

@@ -17,8 +17,7 @@ import logging
 from collections.abc import Sequence
 from typing import Optional
 
-from keras_memwatch.detector import (DriftEvent, DriftMonitor, RollingMedian,
-                                    SpikeDetector)
+from keras_memwatch.detector import DriftEvent, DriftMonitor, SpikeDetector
 from keras_memwatch.units import format_bytes
 
 logger = logging.getLogger("keras_memwatch")
@@ -92,10 +91,10 @@ class SpikeMonitor:
             SpikeDetector(window, threshold, min_delta_mb, warmup)
             for _ in self.devices
         ]
-        self._drift = [DriftMonitor(min_delta_mb) for _ in self.devices]
         # Drift is judged on the memory held between steps, smoothed so that
         # an allocator's sawtooth is not mistaken for growth.
-        self._level = [RollingMedian(window) for _ in self.devices]
+        self._drift = [DriftMonitor(min_delta_mb, smooth=window)
+                       for _ in self.devices]
         self._before: list[Optional[int]] = [None] * len(self.devices)
         self._burst: list[list[SpikeEvent]] = [[] for _ in self.devices]
         self.events: list[SpikeEvent] = []
@@ -127,8 +126,7 @@ class SpikeMonitor:
             working = max(peak - before, 0)
             detector = self._detectors[i]
             spike = detector.update(working)
-            if current is not None:
-                self._drift[i].update(self._level[i].push(current))
+            self._drift[i].update(current)
             if detector.baseline is None:
                 continue
             usual = int(detector.baseline)
