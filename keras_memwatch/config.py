@@ -29,9 +29,9 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Optional, Union
 
-logger = logging.getLogger("keras_memwatch")
+from keras_memwatch.units import MIB, format_bytes
 
-MIB = 1 << 20
+logger = logging.getLogger("keras_memwatch")
 
 DeviceSpec = Union[int, str]
 
@@ -90,9 +90,9 @@ class DeviceMemoryConfig:
         if self.limit_bytes is None:
             limit = "none"
         else:
-            limit = f"{_mib(self.limit_bytes)} ({self.limit_bytes} bytes)"
+            limit = f"{format_bytes(self.limit_bytes)} ({self.limit_bytes} bytes)"
             if self.total_bytes:
-                limit += f" of {_mib(self.total_bytes)}"
+                limit += f" of {format_bytes(self.total_bytes)}"
         text = f"{self.device}: growth {growth}, limit {limit}; via {self.mechanism}"
         return text + (f" [{self.note}]" if self.note else "")
 
@@ -405,12 +405,6 @@ def _active_backend() -> str:
     return keras.backend.backend()
 
 
-def _mib(n: int) -> str:
-    if n >= 1 << 30:
-        return f"{n / (1 << 30):.2f} GiB"
-    return f"{n / MIB:.1f} MiB"
-
-
 def _too_late(what: str, detail: str, why: str) -> RuntimeError:
     return RuntimeError(
         f"configure_memory was called after {what}, so {detail} can no longer "
@@ -510,7 +504,7 @@ def _tf_runtime_started() -> Optional[bool]:
 
 def _configure_tensorflow(request: _Request) -> MemoryConfig:
     allow_growth, memory_limit_mb = request.allow_growth, request.memory_limit_mb
-    limit_bytes, selection = request.limit_bytes, request.selection
+    limit_bytes = request.limit_bytes
     import tensorflow as tf
 
     gpus = tf.config.list_physical_devices("GPU")
@@ -853,15 +847,15 @@ def _configure_torch(request: _Request) -> MemoryConfig:
             reserved = int(torch.cuda.memory_reserved(i))
             if reserved > applied:
                 notes.append(
-                    f"{_mib(reserved)} already reserved, above the cap; it "
+                    f"{format_bytes(reserved)} already reserved, above the cap; it "
                     "stays reserved until freed (torch.cuda.empty_cache())"
                 )
                 logger.warning(
                     "GPU:%s already has %s reserved by PyTorch, above the new "
                     "cap of %s: new allocations fail until memory is freed.",
                     i,
-                    _mib(reserved),
-                    _mib(applied),
+                    format_bytes(reserved),
+                    format_bytes(applied),
                 )
         if allow_growth is not None:
             mechanisms.append("nothing set: the caching allocator grows on demand")

@@ -23,10 +23,6 @@ SPIKE_COLUMNS = ("step", "epoch", "batch", "device", "peak_bytes",
 _MAX_LISTED = 12  # spikes listed by place before "... and N more"
 
 
-def _fmt(n: Optional[int]) -> str:
-    return "n/a" if n is None else format_bytes(n)
-
-
 def _where(spikes: pd.DataFrame) -> str:
     places = [f"{e}/{b}" for e, b in zip(spikes["epoch"], spikes["batch"])]
     text = ", ".join(places[:_MAX_LISTED])
@@ -42,9 +38,9 @@ def _strip(name: str, note: str) -> str:
 
 def _device_lines(device: str, info: dict, spikes: pd.DataFrame) -> list[str]:
     lines = [
-        f"{device}: peak {_fmt(info['peak_bytes'])}, typical step peak "
-        f"{_fmt(info['typical_peak_bytes'])}, in use between steps "
-        f"{_fmt(info['in_use_bytes'])}"
+        f"{device}: peak {format_bytes(info['peak_bytes'])}, typical step peak "
+        f"{format_bytes(info['typical_peak_bytes'])}, in use between steps "
+        f"{format_bytes(info['in_use_bytes'])}"
     ]
     limit, peak = info["limit_bytes"], info["peak_bytes"]
     if limit is not None and peak is not None:
@@ -179,19 +175,19 @@ def drift_from_frame(frame: pd.DataFrame, window: int = 50,
     Returns:
         `(device, epoch, DriftEvent)` tuples.
     """
-    from keras_memwatch.detector import DriftMonitor, RollingMedian
+    from keras_memwatch.detector import DriftMonitor
 
     events = []
     for device, rows in frame.groupby("device", observed=True, sort=False):
         rows = rows.sort_values("step")
         before = rows["current_bytes"].shift(1)
-        monitor, level = DriftMonitor(min_delta_mb), RollingMedian(window)
+        monitor = DriftMonitor(min_delta_mb, smooth=window)
         judged = ((rows["phase"] == "train") & rows["batch"].notna()
                   & before.notna() & rows["peak_bytes"].notna()
                   & rows["current_bytes"].notna())
         for epoch in sorted(rows["epoch"].unique()):
             for current in rows.loc[judged & (rows["epoch"] == epoch), "current_bytes"]:
-                monitor.update(level.push(float(current)))
+                monitor.update(float(current))
             event = monitor.end_epoch()
             if event is not None:
                 events.append((str(device), int(epoch), event))
