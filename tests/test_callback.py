@@ -4,7 +4,6 @@ import inspect
 import logging
 
 import keras
-import numpy as np
 import pandas as pd
 import pytest
 

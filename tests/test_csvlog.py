@@ -1,6 +1,5 @@
 """The streamed log is written per sample and read back unchanged."""
 
-import os
 
 import pandas as pd
 import pytest

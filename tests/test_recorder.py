@@ -3,8 +3,6 @@
 import threading
 
 import numpy as np
-import pandas as pd
-import pytest
 
 from keras_memwatch import columns as C
 from keras_memwatch.recorder import Recorder, empty_frame

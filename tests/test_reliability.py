@@ -2,18 +2,15 @@
 input before training starts."""
 
 import ast
-import json
 import os
 import pathlib
 import signal
 import subprocess
 import sys
 import textwrap
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import keras
-import numpy as np
 import pytest
 
 from conftest import FakeProbe, tiny_data, tiny_model
