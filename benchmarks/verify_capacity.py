@@ -10,7 +10,8 @@ limit set with `configure_memory(memory_limit_mb=...)`:
    out-of-memory there also checks the guard's report on the GPU;
 3. search (bounded) for the largest batch that really trains two steps:
    brackets around the headroom-0 prediction by factors of 1.08, then
-   bisects to 1%;
+   bisects to 1% (the headroom-0 prediction is the line's, or on JAX the
+   ceiling found by compiling the step);
 4. print a table (predicted vs largest that ran, error %) and write JSON
    (to `$OUT` when set, else `--out`).
 
@@ -240,13 +241,10 @@ def _how_close(model: Any, name: str, batch: int, backend: str,
         else:
             import jax
 
-            from keras_memwatch.capacity import _xla_plan_bytes
+            from keras_memwatch import xla_plan
 
-            x, y = data(name, batch)
-            total, state = _xla_plan_bytes(model, (x, y))
             in_use = jax.local_devices()[0].memory_stats()["bytes_in_use"]
-            out["xla_plan_bytes"] = total
-            peak = in_use - state + total  # the state is in use already
+            peak = in_use + xla_plan.working_bytes(model, data(name, 1), batch)
             out["planned_peak_bytes"] = peak
         if limit_bytes:
             out["peak_of_limit"] = round(peak / limit_bytes, 4)
@@ -383,9 +381,11 @@ def estimate(name: str, method: str, backend: str) -> dict[str, Any]:
     out = _estimate_dict(result)
     out["seconds"] = seconds
     out["restored_exactly"] = restored
-    out["raw_batch_size"] = result.batch_size_for(0.0)
     log(f"  estimate ({method}, {seconds} s, model restored exactly: {restored}): "
         f"{result.explanation}")
+    out["raw_batch_size"] = (result.ceiling_batch_size
+                             if result.ceiling_batch_size is not None
+                             else result.batch_size_for(0.0))
     return out
 
 

@@ -15,12 +15,17 @@ are put back bit for bit afterwards.
 How a step's working memory is measured, per device (`method="auto"`):
 
 - JAX on a GPU (`"xla"`): XLA's own memory plan of the compiled train step
-  (`jax.jit(train_step).lower(state, batch).compile().memory_analysis()`):
-  arguments + outputs - aliased (donated) + temporaries, less the training
-  state, which is already in memory. The steps still run for real; the
-  plan comes from the compilation cache of the step that just ran. JAX's
+  (see `keras_memwatch.xla_plan`): arguments + outputs - donated +
+  temporaries, less the training state, which is already in memory, plus
+  the next batch, which Keras sends to the device one step ahead. JAX's
   allocator has no peak that can be reset (its peak is a high-water mark
   for the life of the process), so the plan is the exact figure here.
+  The line's answer is then checked by compiling (not running) the step
+  at the sizes around it, and the ceiling is searched for the same way:
+  once a plan would not fit, XLA recomputes activations rather than run
+  out of memory, so far more fits than the line says. On an H200 under
+  an 8 GiB limit the line gave 855 for a convnet, the ceiling 1264, and
+  1260 was the largest batch that trained (see `ceiling_batch_size`).
 - Otherwise (`"probes"`: PyTorch and TensorFlow on a GPU, every backend on
   the CPU): keras_memwatch's probes, the same readings MemWatch records: the
   allocator's peak since the previous sample (PyTorch, TensorFlow), or the
@@ -82,6 +87,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
+from keras_memwatch import xla_plan
 from keras_memwatch.breakdown import unique_variables
 from keras_memwatch.units import format_bytes
 
@@ -121,6 +127,7 @@ _MAX_TRIALS = 12
 _MIN_POINTS = 4
 _MAX_BATCH = 2**16
 _FLOOR = 2**20  # working memory assumed at least, when growing the ladder
+_MAX_CHECKS = 10  # compilations of XLA's plan after the fit
 
 
 # --------------------------------------------------------------------------
@@ -286,6 +293,12 @@ class CapacityEstimate:
         method: `"xla"`, `"reserved"` or `"probes"` (see the module).
         measured_by: what the working memory was read from, in words.
         limit_detail: where the limit comes from, in words.
+        ceiling_batch_size: method `"xla"` only: the largest batch whose
+            compiled step fits the whole limit (no headroom). XLA fits a
+            step it would otherwise not by recomputing activations, so this
+            can be well above what the line says (slower steps).
+        checked: `(batch_size, working_bytes)` of XLA's compiled plan at
+            each size checked after the fit (method `"xla"`), in order.
     """
 
     predicted_batch_size: Optional[int]
@@ -306,9 +319,15 @@ class CapacityEstimate:
     method: str = ""
     measured_by: str = ""
     limit_detail: str = ""
+    ceiling_batch_size: Optional[int] = None
+    checked: tuple[tuple[int, int], ...] = ()
 
     def batch_size_for(self, headroom: float) -> Optional[int]:
-        """The prediction for another headroom, from the same fit.
+        """The fitted line's prediction for another headroom.
+
+        Where XLA's compiled plans were checked, the line does not know
+        that XLA recomputes activations near the limit: see
+        `ceiling_batch_size`.
 
         Args:
             headroom: fraction of the limit to keep free, in [0, 1).
@@ -368,6 +387,13 @@ class CapacityEstimate:
         for batch, working in self.measurements:
             mark = "" if batch in fitted else "  (not in the fit)"
             lines.append(f"              {batch:>5}  {format_bytes(working):>10}{mark}")
+        if self.ceiling_batch_size is not None:
+            lines.append(f"  ceiling:    batch {self.ceiling_batch_size} without "
+                         "headroom (XLA's compiled plan)")
+        if self.checked:
+            lines.append("  compiled:   batch  working memory (XLA's plan, not run)")
+            for batch, working in self.checked:
+                lines.append(f"              {batch:>5}  {format_bytes(working):>10}")
         lines.append(f"  {self.explanation}")
         return "\n".join(lines)
 
@@ -707,13 +733,13 @@ class _Meter:
             self._mark = self._row().get(self.peak_column)
 
     def measure(self, step: Callable[[], Any], model: Any,
-                batch: tuple[Any, Any]) -> Optional[int]:
+                batch: tuple[Any, Any], size: int) -> Optional[int]:
         """Runs `step` and returns its working memory, or `None` when hidden."""
         assert self.baseline is not None
         if self.method == "xla":
             step()
             try:
-                total, state = _xla_plan_bytes(model, batch)
+                return xla_plan.working_bytes(model, batch, size)
             except Exception as e:
                 if not self.automatic:
                     raise
@@ -724,7 +750,6 @@ class _Meter:
                 self.method = "probes"
                 self.words = "probes" if self.per_step else "probes-hwm"
                 return None
-            return max(total - state, 0)
         if self.method == "reserved":
             import torch
 
@@ -770,47 +795,6 @@ class _Meter:
 
     def close(self) -> None:
         self.sampler.close()
-
-
-def _jitted_train_step(model: Any) -> Any:
-    """The jitted train step Keras runs, else an equal one (same cache)."""
-    import jax
-
-    function = getattr(model, "train_function", None)
-    for cell in getattr(function, "__closure__", None) or ():
-        try:
-            candidate = cell.cell_contents
-        except ValueError:
-            continue
-        if hasattr(candidate, "lower"):
-            return candidate
-    return jax.jit(model.train_step, donate_argnums=0)
-
-
-def _xla_plan_bytes(model: Any, batch: tuple[Any, Any]) -> tuple[int, int]:
-    """(device bytes of the compiled train step's plan, bytes of the state).
-
-    The plan is arguments + outputs - aliased + temporaries; the state
-    (variables of the model, optimizer and metrics) is among its arguments.
-    """
-    import jax
-    import keras
-
-    state = (
-        [v.value for v in model.trainable_variables],
-        [v.value for v in model.non_trainable_variables],
-        [v.value for v in model.optimizer.variables],
-        [v.value for v in model.metrics_variables],
-    )
-    x, y = batch
-    data = keras.tree.map_structure(jax.device_put, (x, y, None))
-    analysis = _jitted_train_step(model).lower(state, data).compile().memory_analysis()
-    if analysis is None:
-        raise RuntimeError("XLA gives no memory analysis for this compiled step")
-    total = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
-             - analysis.alias_size_in_bytes + analysis.temp_size_in_bytes)
-    state_bytes = sum(int(leaf.nbytes) for leaf in jax.tree_util.tree_leaves(state))
-    return int(total), state_bytes
 
 
 # --------------------------------------------------------------------------
@@ -964,7 +948,7 @@ def estimate_max_batch_size(
                 if meter.baseline is None:
                     meter.set_baseline()
                     limit = meter.limit()
-                working = meter.measure(step, model, batch)
+                working = meter.measure(step, model, batch, size)
             except Exception as e:
                 if not is_oom_error(e):
                     raise
@@ -995,7 +979,11 @@ def estimate_max_batch_size(
 
                 torch.cuda.empty_cache()
             meter.close()
-    return _result(points, hidden, stopped, limit, meter, backend, headroom)
+    estimate = _result(points, hidden, stopped, limit, meter, backend, headroom)
+    if meter.method == "xla" and estimate.predicted_batch_size is not None:
+        estimate = _check_compiled(estimate, model, data.take(1))
+    logger.info("%s", estimate.explanation)
+    return estimate
 
 
 def _result(points: list[tuple[int, int]], hidden: list[int], stopped: str,
@@ -1042,7 +1030,6 @@ def _result(points: list[tuple[int, int]], hidden: list[int], stopped: str,
             fit_batch_sizes=fit.batch_sizes if fitted else (),
             step_static_bytes=int(fitted.static_bytes) if fitted else None,
             explanation=explanation, **common)
-        logger.info("%s", explanation)
         return result
     assert limit_bytes is not None and meter.baseline is not None
     static = int(round(meter.baseline + fit.static_bytes))
@@ -1069,6 +1056,80 @@ def _result(points: list[tuple[int, int]], hidden: list[int], stopped: str,
         r_squared=fit.r_squared, fit_batch_sizes=fit_sizes,
         step_static_bytes=int(round(fit.static_bytes)), explanation=explanation,
         **common)
+
+
+def _check_compiled(estimate: CapacityEstimate, model: Any,
+                    sample: tuple[Any, Any]) -> CapacityEstimate:
+    """Checks the line's answer, and finds the ceiling, by compiling the step.
+
+    XLA's plans grow with the batch as the line says until a plan would not
+    fit the device, where XLA starts recomputing activations instead. So
+    the line's answer under the headroom is checked (and corrected) at the
+    sizes around it, and the ceiling is searched upward from the line's
+    answer without headroom.
+    """
+    assert estimate.limit_bytes is not None and estimate.in_use_bytes is not None
+    full = estimate.limit_bytes - estimate.in_use_bytes
+    room = full - estimate.limit_bytes * estimate.headroom
+    need: dict[int, int] = {}
+
+    def fitting(free: float) -> Callable[[int], bool]:
+        def fits(size: int) -> bool:
+            if size not in need:
+                need[size] = xla_plan.working_bytes(model, sample, size)
+            return need[size] <= free
+        return fits
+
+    line = estimate.predicted_batch_size or 0
+    line_ceiling = estimate.batch_size_for(0.0) or 0
+    try:
+        lo, hi = xla_plan.largest_that_fits(fitting(room), max(line, 1), _MAX_CHECKS)
+        ceiling, above = xla_plan.largest_that_fits(
+            fitting(full), max(line_ceiling, lo or 1), _MAX_CHECKS)
+    except Exception as e:
+        logger.warning("estimate_max_batch_size: XLA's plan could not be compiled "
+                       "at larger sizes (%r); the prediction is the line's", e)
+        return dataclasses.replace(
+            estimate, checked=tuple(need.items()),
+            explanation=f"{estimate.explanation} Not checked by compiling the step "
+                        f"({type(e).__name__}).")
+    where = f"{estimate.device} ({estimate.backend}, {estimate.measured_by})"
+    sizes = estimate.fit_batch_sizes
+    fitted = (f"the line fitted over batch sizes {sizes[0]}-{sizes[-1]} "
+              f"({format_bytes(estimate.per_sample_bytes or 0)} per sample, within "
+              f"{estimate.residual:.1%}) gives {line}")
+    under = (f"the {format_bytes(room)} free under the {estimate.limit_source} "
+             f"{format_bytes(estimate.limit_bytes)} less {estimate.headroom:.0%} "
+             "headroom")
+    if lo is None:
+        predicted = 0 if hi == 1 else None
+        head = (f"Not even a batch of 1 fits on {where}" if predicted == 0 else
+                f"No prediction on {where}: no size checked fits")
+        explanation = (f"{head}: compiled for batch {hi}, the step needs "
+                       f"{format_bytes(need[hi])} of {under}; {fitted}.")
+    else:
+        predicted = lo
+        beyond = ("every size checked fits" if hi is None else
+                  f"batch {hi} would need {format_bytes(need[hi])}")
+        explanation = (f"Largest batch {lo} on {where}, checked by compiling the "
+                       f"step: it needs {format_bytes(need[lo])} of {under}, "
+                       f"{beyond}; {fitted}.")
+    if ceiling is not None:
+        explanation += (f" Without headroom, up to batch {ceiling} fits "
+                        f"({format_bytes(need[ceiling])} of {format_bytes(full)}"
+                        + ("" if above is None else
+                           f"; {above} would need {format_bytes(need[above])}") + ")")
+        line_bytes = ((estimate.step_static_bytes or 0)
+                      + (estimate.per_sample_bytes or 0) * ceiling)
+        if ceiling > line_ceiling and need[ceiling] < 0.95 * line_bytes:
+            explanation += (f": XLA plans {1 - need[ceiling] / line_bytes:.0%} "
+                            "less there than the line, by recomputing activations "
+                            "(slower steps)")
+        explanation += "."
+    explanation += f" {len(need)} compilations."
+    return dataclasses.replace(estimate, predicted_batch_size=predicted,
+                               ceiling_batch_size=ceiling,
+                               checked=tuple(need.items()), explanation=explanation)
 
 
 # --------------------------------------------------------------------------
@@ -1164,6 +1225,7 @@ def _estimate_dict(estimate: CapacityEstimate) -> dict[str, Any]:
     out = dataclasses.asdict(estimate)
     out["measurements"] = [list(m) for m in estimate.measurements]
     out["fit_batch_sizes"] = list(estimate.fit_batch_sizes)
+    out["checked"] = [list(c) for c in estimate.checked]
     for key, value in out.items():
         if isinstance(value, float) and value != value:
             out[key] = None

@@ -14,7 +14,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_memwatch import capacity
+from keras_memwatch import capacity, xla_plan
 from keras_memwatch import columns as C
 from keras_memwatch.capacity import (
     LIMIT_ALLOCATOR,
@@ -247,21 +247,78 @@ def test_out_of_memory_in_the_ladder_stops_it_and_the_model_is_kept(simulated):
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="the XLA plan is JAX's")
-def test_jax_on_a_gpu_uses_the_xla_plan_less_the_state(simulated, monkeypatch):
+def test_jax_on_a_gpu_uses_the_xla_plan_and_checks_its_answer(simulated, monkeypatch):
     model, x, y = tiny()
     simulated(model, name="jax", per_step=False)
     plans = []
 
-    def plan(model, batch):  # arguments + outputs - aliased + temporaries
-        plans.append(len(batch[0]))
-        return 3 * GIB + 100 * MIB + 5 * MIB * len(batch[0]), 3 * GIB
+    def working_bytes(model, batch, size):  # a plan that stays linear
+        plans.append(size)
+        return 100 * MIB + 5 * MIB * size
 
-    monkeypatch.setattr(capacity, "_xla_plan_bytes", plan)
+    monkeypatch.setattr(xla_plan, "working_bytes", working_bytes)
     estimate = estimate_max_batch_size(model, x, y, trial_sizes=(2, 4, 8))
-    assert estimate.method == "xla" and plans == [2, 4, 8]
+    line = int((16 * GIB * 0.9 - GIB - 100 * MIB) // (5 * MIB))
+    ceiling = int((16 * GIB - GIB - 100 * MIB) // (5 * MIB))
+    assert estimate.method == "xla"
     assert estimate.measurements == ((2, 110 * MIB), (4, 120 * MIB), (8, 140 * MIB))
     assert estimate.static_bytes == GIB + 100 * MIB
-    assert "XLA memory plan" in estimate.explanation
+    # Where the line is right, two compilations confirm each answer.
+    assert estimate.predicted_batch_size == line
+    assert estimate.ceiling_batch_size == ceiling == estimate.batch_size_for(0.0)
+    assert plans == [2, 4, 8, line, line + line // 100, ceiling,
+                     ceiling + ceiling // 100]
+    assert [b for b, _ in estimate.checked] == plans[3:]
+    assert "checked by compiling the step" in estimate.explanation
+    assert f"Without headroom, up to batch {ceiling} fits" in estimate.explanation
+    assert "recomputing" not in estimate.explanation
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="the XLA plan is JAX's")
+def test_where_xla_recomputes_activations_more_fits_than_the_line_says(
+        simulated, monkeypatch):
+    model, x, y = tiny()
+    simulated(model, name="jax", per_step=False)
+    cliff = 4000  # XLA fits every plan in 14.5 GiB by recomputing, up to here
+
+    def working_bytes(model, batch, size):
+        line = 100 * MIB + 5 * MIB * size
+        return min(line, int(14.5 * GIB)) if size <= cliff else line
+
+    monkeypatch.setattr(xla_plan, "working_bytes", working_bytes)
+    estimate = estimate_max_batch_size(model, x, y, trial_sizes=(2, 4, 8))
+    room, full = 16 * GIB * 0.9 - GIB, 16 * GIB - GIB
+    # With headroom, the line's answer stands: its plan is what the line says.
+    assert estimate.predicted_batch_size == int((room - 100 * MIB) // (5 * MIB))
+    ceiling = estimate.ceiling_batch_size
+    assert cliff * 0.99 <= ceiling <= cliff
+    need = dict(estimate.checked)
+    assert need[ceiling] <= full
+    assert all(need[b] > full for b in need if b > ceiling)
+    assert len(estimate.checked) <= 2 * capacity._MAX_CHECKS
+    assert "by recomputing activations" in estimate.explanation
+    assert f"up to batch {ceiling} fits" in estimate.explanation
+    assert f"ceiling:    batch {ceiling}" in str(estimate)
+    assert "compiled:" in str(estimate)
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="the XLA plan is JAX's")
+def test_a_failed_compilation_check_keeps_the_line_and_says_so(
+        simulated, monkeypatch, memwatch_logs):
+    model, x, y = tiny()
+    simulated(model, name="jax", per_step=False)
+
+    def working_bytes(model, batch, size):
+        if size > 8:
+            raise RuntimeError("compilation failed")
+        return 100 * MIB + 5 * MIB * size
+
+    monkeypatch.setattr(xla_plan, "working_bytes", working_bytes)
+    estimate = estimate_max_batch_size(model, x, y, trial_sizes=(2, 4, 8))
+    assert estimate.predicted_batch_size == estimate.batch_size_for(0.1) > 0
+    assert estimate.ceiling_batch_size is None
+    assert "Not checked by compiling the step (RuntimeError)" in estimate.explanation
+    assert "could not be compiled" in memwatch_logs.text
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="the XLA plan is JAX's")
@@ -270,10 +327,10 @@ def test_without_the_xla_plan_jax_falls_back_to_the_high_water_mark(
     model, x, y = tiny()
     simulated(model, name="jax", per_step=False)
 
-    def broken(model, batch):
+    def broken(model, batch, size):
         raise AttributeError("Keras moved its train function")
 
-    monkeypatch.setattr(capacity, "_xla_plan_bytes", broken)
+    monkeypatch.setattr(xla_plan, "working_bytes", broken)
     estimate = estimate_max_batch_size(model, x, y, trial_sizes=(2, 4, 8, 16))
     assert estimate.method == "probes"
     assert estimate.measured_by == "allocator high-water mark"

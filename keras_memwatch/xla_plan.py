@@ -1,0 +1,139 @@
+"""XLA's memory plan of the train step Keras compiles on the JAX backend.
+
+XLA plans every buffer of a compiled program ahead of time, so the device
+memory a train step needs can be read without running it:
+`jax.jit(step).lower(state, batch).compile().memory_analysis()`. Compiling
+for a batch that does not fit is harmless, and on a GPU it is the only way
+to know what fits: where the plan would exceed the device's memory, XLA
+*rematerializes* (recomputes activations in the backward pass instead of
+keeping them), so the memory needed stops growing linearly with the batch
+well before the step runs out of memory.
+
+This module imports no framework until a function runs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional
+
+# Keras's JAX trainer sends the next batch to the device while a step runs
+# (`_one_batch_ahead_iterator`), so in `fit` one more batch is on the device
+# than the step's arguments hold.
+BATCHES_AHEAD = 1
+
+
+def jitted_train_step(model: Any) -> Any:
+    """The jitted train step Keras runs, else an equal one (same cache)."""
+    import jax
+
+    function = getattr(model, "train_function", None)
+    for cell in getattr(function, "__closure__", None) or ():
+        try:
+            candidate = cell.cell_contents
+        except ValueError:
+            continue
+        if hasattr(candidate, "lower"):
+            return candidate
+    return jax.jit(model.train_step, donate_argnums=0)
+
+
+def batch_spec(batch: tuple[Any, Any], size: int) -> tuple[Any, Any, None]:
+    """`(x, y, None)` as shapes and dtypes only, with `size` samples."""
+    import jax
+    import keras
+
+    def spec(a: Any) -> Any:
+        return None if a is None else jax.ShapeDtypeStruct(
+            (size,) + tuple(a.shape[1:]), a.dtype)
+
+    x, y = batch
+    return (keras.tree.map_structure(spec, x),
+            None if y is None else keras.tree.map_structure(spec, y), None)
+
+
+def batch_bytes(batch: tuple[Any, Any], size: int) -> int:
+    """Bytes of `size` samples of `batch` (inputs and targets)."""
+    import keras
+
+    leaves = [a for a in keras.tree.flatten(batch) if a is not None]
+    return sum(size * math.prod(a.shape[1:]) * a.dtype.itemsize for a in leaves)
+
+
+def working_bytes(model: Any, batch: tuple[Any, Any], size: int) -> int:
+    """Device bytes a `fit` step on `size` samples needs beyond the training
+    state: the compiled plan (arguments + outputs - donated + temporaries)
+    less the state, which is in memory already, plus the batch Keras sends
+    ahead. Compiles the step for that shape; runs nothing.
+
+    Args:
+        model: a compiled Keras model, built, on the JAX backend.
+        batch: `(x, y)` arrays with at least one sample; only their shapes
+            past the first axis and their dtypes are used.
+        size: the batch size to plan for.
+    """
+    import jax
+
+    state = (
+        [v.value for v in model.trainable_variables],
+        [v.value for v in model.non_trainable_variables],
+        [v.value for v in model.optimizer.variables],
+        [v.value for v in model.metrics_variables],
+    )
+    compiled = jitted_train_step(model).lower(state, batch_spec(batch, size)).compile()
+    analysis = compiled.memory_analysis()
+    if analysis is None:
+        raise RuntimeError("XLA gives no memory analysis for this compiled step")
+    plan = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
+            - analysis.alias_size_in_bytes + analysis.temp_size_in_bytes)
+    state_bytes = sum(int(leaf.nbytes) for leaf in jax.tree_util.tree_leaves(state))
+    ahead = BATCHES_AHEAD * batch_bytes(batch, size)
+    return max(int(plan) - state_bytes, 0) + ahead
+
+
+def largest_that_fits(fits: Callable[[int], bool], start: int, max_checks: int,
+                      factor: float = 1.25, resolution: float = 0.01,
+                      ) -> tuple[Optional[int], Optional[int]]:
+    """The largest size for which `fits` holds, searched from `start`.
+
+    Checks `start` and its neighbour `resolution` away (up when `start`
+    fits, down when not), steps on by `factor` until the answer changes,
+    then bisects until the bracket is within `resolution` of its upper
+    end, calling `fits` at most `max_checks` times. Where `start` is right
+    to within `resolution`, two checks settle it.
+
+    Returns:
+        `(largest size that fits, smallest size found not to)`; either is
+        `None` when the checks ran out before one was found.
+    """
+    lo: Optional[int] = None
+    hi: Optional[int] = None
+    checks = 0
+
+    def check(size: int) -> bool:
+        nonlocal checks, lo, hi
+        checks += 1
+        if fits(size):
+            lo = size if lo is None else max(lo, size)
+            return True
+        hi = size if hi is None else min(hi, size)
+        return False
+
+    size = max(int(start), 1)
+    step = max(1, int(resolution * size))
+    if check(size):
+        check(size + step)
+    elif size > 1:
+        check(max(size - step, 1))
+    while (lo is None or hi is None) and checks < max_checks:
+        if lo is None:
+            if hi == 1:
+                break
+            size = max(int(hi / factor), 1)
+        else:
+            size = max(int(math.ceil(lo * factor)), lo + 1)
+        check(size)
+    while (lo is not None and hi is not None and hi - lo > max(1, resolution * hi)
+           and checks < max_checks):
+        check((lo + hi) // 2)
+    return lo, hi

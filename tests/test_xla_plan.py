@@ -1,0 +1,88 @@
+"""xla_plan: the search for the largest size that fits, and XLA's real plan
+of Keras's JAX train step on the CPU."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+from keras_memwatch import xla_plan
+from keras_memwatch.xla_plan import largest_that_fits
+
+BACKEND = keras.backend.backend()
+
+
+def counted(limit):
+    calls = []
+
+    def fits(size):
+        calls.append(size)
+        return size <= limit
+
+    return fits, calls
+
+
+def test_a_start_that_is_right_takes_two_checks():
+    fits, calls = counted(500)
+    assert largest_that_fits(fits, 500, max_checks=10) == (500, 505)
+    assert calls == [500, 505]
+
+
+def test_searches_up_when_more_fits_than_the_start():
+    fits, _ = counted(1261)
+    lo, hi = largest_that_fits(fits, 859, max_checks=10)
+    assert lo <= 1261 < hi and hi - lo <= max(1, 0.01 * hi)
+
+
+def test_a_start_just_too_large_takes_two_checks():
+    fits, calls = counted(495)
+    assert largest_that_fits(fits, 500, max_checks=10) == (495, 500)
+    assert calls == [500, 495]
+
+
+def test_searches_down_when_the_start_does_not_fit():
+    fits, _ = counted(300)
+    lo, hi = largest_that_fits(fits, 859, max_checks=12)
+    assert lo <= 300 < hi and hi - lo <= max(1, 0.01 * hi)
+
+
+def test_small_sizes_are_settled_to_one():
+    fits, _ = counted(3)
+    assert largest_that_fits(fits, 10, max_checks=20) == (3, 4)
+
+
+def test_nothing_fits():
+    fits, calls = counted(0)
+    assert largest_that_fits(fits, 4, max_checks=20) == (None, 1)
+    assert calls[-1] == 1
+
+
+def test_never_checks_more_than_allowed():
+    fits, calls = counted(10**9)
+    lo, hi = largest_that_fits(fits, 100, max_checks=4)
+    assert len(calls) == 4 and hi is None and lo == max(calls)
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="XLA's plan of Keras's JAX train step")
+def test_working_bytes_is_the_plan_less_the_state_plus_the_next_batch():
+    model = keras.Sequential([keras.Input((32, 32, 3)),
+                              keras.layers.Conv2D(8, 3, padding="same"),
+                              keras.layers.GlobalAveragePooling2D(),
+                              keras.layers.Dense(10)])
+    model.compile(optimizer="adam",
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x = np.zeros((2, 32, 32, 3), "float32")
+    y = np.zeros((2,), "int32")
+    model.train_on_batch(x, y)
+    sample = (x[:1], y[:1])
+    assert xla_plan.batch_bytes(sample, 64) == 64 * (32 * 32 * 3 * 4 + 4)
+    sizes = (16, 32, 64)
+    working = [xla_plan.working_bytes(model, sample, b) for b in sizes]
+    # the conv's output (8 channels of 32x32 floats) is kept per sample at least,
+    # on top of the sample itself, twice (the step's and the next)
+    per_sample = (working[2] - working[1]) / 32
+    assert per_sample > 2 * (32 * 32 * 3 * 4 + 4) + 32 * 32 * 8 * 4
+    assert working[1] - working[0] == pytest.approx(16 * per_sample, rel=0.01)
+    # compiling for a size no device could hold runs nothing and allocates nothing
+    assert xla_plan.working_bytes(model, sample, 2**20) > 2**20 * per_sample * 0.99
