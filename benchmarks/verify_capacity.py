@@ -113,6 +113,11 @@ def data(name: str, n: int) -> tuple[Any, Any]:
     return base[index], labels[index]
 
 
+def fit_check_conv() -> tuple[Any, tuple[Any, Any]]:
+    """`python -m keras_memwatch fit-check --model benchmarks.verify_capacity:fit_check_conv`"""
+    return build("conv"), data("conv", 64)
+
+
 # -- one trial -----------------------------------------------------------------
 
 
