@@ -139,8 +139,8 @@ def timer_overhead_ns(n: int = 20000) -> float:
     for _ in range(5):
         t = thread_ns()
         for _ in range(n):
-            a = thread_ns()
-            b = thread_ns()  # noqa: F841
+            thread_ns()
+            thread_ns()
         best = min(best, (thread_ns() - t) / n)
     # One region costs two reads, but only the time between them is charged
     # to it: about one read.

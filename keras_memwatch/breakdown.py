@@ -26,6 +26,7 @@ from typing import Any, Optional
 import numpy as np
 import pandas as pd
 
+from keras_memwatch import options
 from keras_memwatch.columns import HOST_DEVICE
 from keras_memwatch.units import format_bytes
 
@@ -277,10 +278,7 @@ def memory_breakdown(
                          "peak: the largest working memory is seen at the steps "
                          "that raised it, a typical step's is unknown")
     if batch_size is not None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(
-                f"Expected `batch_size` to be a positive integer. Received: "
-                f"batch_size={batch_size!r}")
+        batch_size = options.positive_int("batch_size", batch_size)
         out["batch_size"] = batch_size
         if out["transient_bytes"] is not None:
             out["transient_per_sample_bytes"] = out["transient_bytes"] // batch_size

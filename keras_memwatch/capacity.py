@@ -87,7 +87,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
-from keras_memwatch import xla_plan
+from keras_memwatch import options, xla_plan
 from keras_memwatch.breakdown import unique_variables
 from keras_memwatch.units import format_bytes
 
@@ -910,9 +910,7 @@ def estimate_max_batch_size(
     """
     _check_headroom(headroom)
     sizes = _check_sizes(trial_sizes)
-    if method not in METHODS:
-        raise ValueError(
-            f"Expected `method` to be one of {METHODS}. Received: method={method!r}")
+    options.choice("method", method, METHODS)
     if (getattr(model, "optimizer", None) is None
             or not getattr(model, "compiled", True)):
         raise ValueError(

@@ -38,6 +38,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any, Optional, Union
 
+from keras_memwatch import options
+
 logger = logging.getLogger("keras_memwatch")
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -468,13 +470,9 @@ class OomGuard(contextlib.ContextDecorator):
 
     def __init__(self, watch: Any, report_dir: Optional[PathLike] = None,
                  last_n: int = 20):
-        if isinstance(last_n, bool) or not isinstance(last_n, int) or last_n < 1:
-            raise ValueError(
-                "Expected `last_n` to be a positive integer. Received: "
-                f"last_n={last_n!r}")
         self.watch = watch
         self.report_dir = report_dir
-        self.last_n = last_n
+        self.last_n = options.positive_int("last_n", last_n)
         self.report_paths: tuple[str, ...] = ()
         self.error: Optional[BaseException] = None
         self.deferred = False
