@@ -17,12 +17,6 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Optional
 
-# Keras's JAX trainer sends the next batch to the device while a step runs
-# (`_one_batch_ahead_iterator`), so in `fit` one more batch is on the device
-# than the step's arguments hold.
-BATCHES_AHEAD = 1
-
-
 def jitted_train_step(model: Any) -> Any:
     """The jitted train step Keras runs, else an equal one (same cache)."""
     import jax
@@ -64,7 +58,7 @@ def working_bytes(model: Any, batch: tuple[Any, Any], size: int) -> int:
     """Device bytes a `fit` step on `size` samples needs beyond the training
     state: the compiled plan (arguments + outputs - donated + temporaries)
     less the state, which is in memory already, plus the batch Keras sends
-    ahead. Compiles the step for that shape; runs nothing.
+    ahead on an accelerator. Compiles the step for that shape; runs nothing.
 
     Args:
         model: a compiled Keras model, built, on the JAX backend.
@@ -87,7 +81,9 @@ def working_bytes(model: Any, batch: tuple[Any, Any], size: int) -> int:
     plan = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
             - analysis.alias_size_in_bytes + analysis.temp_size_in_bytes)
     state_bytes = sum(int(leaf.nbytes) for leaf in jax.tree_util.tree_leaves(state))
-    ahead = BATCHES_AHEAD * batch_bytes(batch, size)
+    # Keras's JAX trainer sends the next batch to an accelerator while a
+    # step runs (`_one_batch_ahead_iterator`; not on the CPU).
+    ahead = 0 if jax.default_backend() == "cpu" else batch_bytes(batch, size)
     return max(int(plan) - state_bytes, 0) + ahead
 
 

@@ -65,7 +65,7 @@ def test_never_checks_more_than_allowed():
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="XLA's plan of Keras's JAX train step")
-def test_working_bytes_is_the_plan_less_the_state_plus_the_next_batch():
+def test_working_bytes_is_the_plan_less_the_state():
     model = keras.Sequential([keras.Input((32, 32, 3)),
                               keras.layers.Conv2D(8, 3, padding="same"),
                               keras.layers.GlobalAveragePooling2D(),
@@ -79,10 +79,10 @@ def test_working_bytes_is_the_plan_less_the_state_plus_the_next_batch():
     assert xla_plan.batch_bytes(sample, 64) == 64 * (32 * 32 * 3 * 4 + 4)
     sizes = (16, 32, 64)
     working = [xla_plan.working_bytes(model, sample, b) for b in sizes]
-    # the conv's output (8 channels of 32x32 floats) is kept per sample at least,
-    # on top of the sample itself, twice (the step's and the next)
+    # the sample itself and the conv's output (8 channels of 32x32 floats) at
+    # least (on a GPU, also the next batch, which Keras sends ahead)
     per_sample = (working[2] - working[1]) / 32
-    assert per_sample > 2 * (32 * 32 * 3 * 4 + 4) + 32 * 32 * 8 * 4
+    assert per_sample > (32 * 32 * 3 * 4 + 4) + 32 * 32 * 8 * 4
     assert working[1] - working[0] == pytest.approx(16 * per_sample, rel=0.01)
     # compiling for a size no device could hold runs nothing and allocates nothing
     assert xla_plan.working_bytes(model, sample, 2**20) > 2**20 * per_sample * 0.99
