@@ -453,6 +453,11 @@ def test_xla_memory_plan_is_exactly_linear_for_a_convnet():
     # two conv activations (and their relu/grad buffers) of 32x32x16 floats
     assert estimate.per_sample_bytes > 2 * 32 * 32 * 16 * 4
     assert estimate.predicted_batch_size > 1000
+    # checked against real compilations, each within the limit it was held to
+    need = dict(estimate.checked)
+    assert estimate.ceiling_batch_size >= estimate.predicted_batch_size
+    assert need[estimate.ceiling_batch_size] <= (estimate.limit_bytes
+                                                 - estimate.in_use_bytes)
     if before is not None:
         assert_same_state(before, state_of(model))
 
