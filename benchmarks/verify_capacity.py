@@ -364,7 +364,7 @@ def _state(model: Any) -> list[Any]:
 
 
 def estimate(name: str, method: str, backend: str) -> dict[str, Any]:
-    from keras_memwatch.capacity import _estimate_dict, estimate_max_batch_size
+    from keras_memwatch.capacity import estimate_max_batch_size
 
     import numpy as np
 
@@ -383,7 +383,7 @@ def estimate(name: str, method: str, backend: str) -> dict[str, Any]:
     finally:
         del model
         _free(backend)
-    out = _estimate_dict(result)
+    out = result.to_dict()
     out["seconds"] = seconds
     out["restored_exactly"] = restored
     log(f"  estimate ({method}, {seconds} s, model restored exactly: {restored}): "

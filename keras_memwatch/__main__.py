@@ -71,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--plot", metavar="PNG",
                         help="write the plot there (.png, .svg, .pdf)")
 
-    from keras_memwatch.capacity import add_fit_check_arguments
+    from keras_memwatch.fit_check import add_fit_check_arguments
 
     add_fit_check_arguments(commands.add_parser(
         "fit-check",
@@ -149,7 +149,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "demo":
         return _demo(args)
     if args.command == "fit-check":
-        from keras_memwatch.capacity import run_fit_check
+        from keras_memwatch.fit_check import run_fit_check
 
         return run_fit_check(args)
     return _report(args)

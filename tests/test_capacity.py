@@ -1,5 +1,5 @@
-"""estimate_max_batch_size: the fit, the ladder on scripted readings, real
-estimates on the CPU (model state put back bit for bit), and fit-check."""
+"""estimate_max_batch_size: the fit, the ladder on scripted readings, and
+real estimates on the CPU (model state put back bit for bit)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import keras
 import numpy as np
@@ -99,6 +98,9 @@ def test_result_object():
     text = str(estimate)
     assert "Largest batch that fits: 1000" in text
     assert "GPU allocator limit" in text and "8.0 MiB" in text and "one line" in text
+    as_dict = estimate.to_dict()
+    assert as_dict["measurements"] == [[2, 16 * MIB], [4, 32 * MIB], [8, 64 * MIB]]
+    assert json.loads(json.dumps(as_dict)) == as_dict
     frame = estimate.to_dataframe()
     assert frame["batch_size"].tolist() == [2, 4, 8]
     assert frame["fitted_bytes"].tolist() == [16 * MIB, 32 * MIB, 64 * MIB]
@@ -474,76 +476,9 @@ def test_default_ladder_on_a_tiny_model_terminates_and_explains():
         assert estimate.explanation.startswith("No prediction on host")
 
 
-# -- fit-check -------------------------------------------------------------
-
-
-MODEL_MODULE = textwrap.dedent("""
-    import keras
-    import numpy as np
-
-    def build():
-        model = keras.Sequential([
-            keras.Input((16, 16, 1)),
-            keras.layers.Conv2D(8, 3, padding="same", activation="relu"),
-            keras.layers.Flatten(),
-            keras.layers.Dense(4),
-        ])
-        model.compile(optimizer="adam", loss="mse")
-        rng = np.random.default_rng(0)
-        return model, (rng.random((8, 16, 16, 1), dtype=np.float32),
-                       rng.random((8, 4), dtype=np.float32))
-""")
-
-
-def run_cli(tmp_path, *args, module="-m keras_memwatch.capacity"):
-    (tmp_path / "tiny_model_mod.py").write_text(MODEL_MODULE)
-    env = dict(os.environ, KERAS_BACKEND=BACKEND, TF_CPP_MIN_LOG_LEVEL="3",
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, *module.split(), *args], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=300)
-
-
-def test_fit_check_command_prints_breakdown_and_prediction(tmp_path):
-    done = run_cli(tmp_path, "--model", "tiny_model_mod:build",
-                   "--trial-sizes", "64,128,256,512")
-    assert done.returncode in (0, 3), done.stderr
-    out = done.stdout
-    assert f"fit-check: tiny_model_mod:build (backend {BACKEND}, host)" in out
-    assert "Where the memory went:" in out and "optimizer state:" in out
-    assert "in use before a step:" in out
-    assert "Predicted largest batch:" in out
-    assert ("host available memory" in out) or ("No prediction" in out)
-
-
-def test_fit_check_json(tmp_path):
-    done = run_cli(tmp_path, "--model", "tiny_model_mod:build", "--json",
-                   "--trial-sizes", "8,16,32")
-    assert done.returncode in (0, 3), done.stderr
-    result = json.loads(done.stdout)
-    assert [m[0] for m in result["measurements"]] == [8, 16, 32]
-    assert result["device"] == "host" and result["backend"] == BACKEND
-    assert result["limit_source"] == LIMIT_HOST
-
-
-def test_fit_check_rejects_a_bad_model_spec(tmp_path):
-    done = run_cli(tmp_path, "--model", "tiny_model_mod")
-    assert done.returncode == 2 and "MODULE:FUNCTION" in done.stderr
-    done = run_cli(tmp_path, "--model", "tiny_model_mod:nothing")
-    assert done.returncode == 2 and "no function" in done.stderr
-
-
-def test_fit_check_subcommand_of_the_package(tmp_path):
-    main = pytest.importorskip("keras_memwatch.__main__")
-    if "fit-check" not in main._parser().format_help():
-        pytest.skip("`fit-check` is not wired into keras_memwatch/__main__.py yet")
-    done = run_cli(tmp_path, "fit-check", "--model", "tiny_model_mod:build",
-                   "--trial-sizes", "8,16,32", module="-m keras_memwatch")
-    assert done.returncode in (0, 3), done.stderr
-    assert "Predicted largest batch:" in done.stdout
-
-
 def test_module_imports_no_framework():
-    code = ("import sys, keras_memwatch.capacity, keras_memwatch.guard; "
+    code = ("import sys, keras_memwatch.capacity, keras_memwatch.fit_check, "
+            "keras_memwatch.guard; "
             "print(sorted(m for m in ('keras', 'jax', 'torch', 'tensorflow') "
             "if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -554,12 +489,10 @@ def test_module_imports_no_framework():
 def test_package_exports_the_estimator():
     import keras_memwatch
 
-    if "estimate_max_batch_size" not in keras_memwatch.__all__:
-        pytest.skip("not exported from keras_memwatch/__init__.py yet")
+    assert "estimate_max_batch_size" in keras_memwatch.__all__
     assert keras_memwatch.estimate_max_batch_size is estimate_max_batch_size
     assert keras_memwatch.CapacityEstimate is CapacityEstimate
 
 
 def test_public_names():
-    assert set(capacity.__all__) >= {"estimate_max_batch_size", "CapacityEstimate",
-                                     "fit_check_main"}
+    assert set(capacity.__all__) >= {"estimate_max_batch_size", "CapacityEstimate"}

@@ -1,0 +1,215 @@
+"""`python -m keras_memwatch fit-check --model MODULE:FUNCTION`: what fits?
+
+Loads the user's function (it returns a compiled model and a sample
+batch), prints where the memory goes and `estimate_max_batch_size`'s
+answer. Imports no framework until it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
+
+from keras_memwatch.capacity import (
+    HOST,
+    METHODS,
+    CapacityEstimate,
+    _sizes_text,
+    estimate_max_batch_size,
+)
+from keras_memwatch.units import format_bytes
+
+__all__ = ["add_fit_check_arguments", "fit_check_main", "run_fit_check"]
+
+
+def _sizes_arg(text: str) -> list[int]:
+    try:
+        sizes = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated batch sizes, got {text!r}") from None
+    if len(set(sizes)) < 3 or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected at least three distinct positive sizes, got {text!r}")
+    return sizes
+
+
+def _fraction_arg(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {text}")
+    return value
+
+
+def add_fit_check_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the `fit-check` options to a parser (the sub-command's own).
+
+    Args:
+        parser: the parser of the `fit-check` sub-command.
+
+    Returns:
+        The same parser.
+    """
+    parser.add_argument(
+        "--model", required=True, metavar="MODULE:FUNCTION",
+        help="a function returning (compiled model, (x, y)) or (compiled model, x): "
+             "MODULE is imported from the current directory or sys.path (or a "
+             "path to a .py file)")
+    parser.add_argument("--backend", choices=("tensorflow", "jax", "torch"),
+                        help="Keras backend (default: $KERAS_BACKEND)")
+    parser.add_argument("--headroom", type=_fraction_arg, default=0.1,
+                        help="fraction of the limit to keep free (default: 0.1)")
+    parser.add_argument("--device", help="GPU:<i> or host (default: the first GPU, "
+                                         "else the host)")
+    parser.add_argument("--trial-sizes", type=_sizes_arg, metavar="B1,B2,B3,...",
+                        help="batch sizes to measure (default: an adaptive ladder)")
+    parser.add_argument("--method", choices=METHODS, default="auto",
+                        help="how a step's memory is measured (default: auto)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the estimate as JSON instead of text")
+    return parser
+
+
+def _load_function(spec: str) -> Callable[[], Any]:
+    module_name, sep, function_name = spec.rpartition(":")
+    if not sep or not module_name or not function_name:
+        raise ValueError(f"expected --model MODULE:FUNCTION, got {spec!r}")
+    if module_name.endswith(".py") or os.sep in module_name:
+        path = os.path.abspath(module_name)
+        name = os.path.splitext(os.path.basename(path))[0]
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise ImportError(f"cannot load {path}")
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        module_spec.loader.exec_module(module)
+    else:
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        module = importlib.import_module(module_name)
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise ValueError(f"{module_name} has no function {function_name!r}")
+    return function
+
+
+def _unpack(returned: Any) -> tuple[Any, Any, Any]:
+    """(model, x, y) from what the user's function returned."""
+    if not isinstance(returned, (tuple, list)) or len(returned) != 2:
+        raise ValueError(
+            "expected the function to return (compiled model, (x, y)) or "
+            f"(compiled model, x); got {type(returned).__name__}")
+    model, batch = returned
+    if isinstance(batch, dict) and "x" in batch:
+        return model, batch["x"], batch.get("y")
+    if isinstance(batch, (tuple, list)) and len(batch) in (1, 2):
+        return model, batch[0], batch[1] if len(batch) == 2 else None
+    return model, batch, None
+
+
+def _breakdown_text(model: Any, estimate: CapacityEstimate) -> str:
+    from keras_memwatch.breakdown import format_breakdown, memory_breakdown
+    from keras_memwatch.recorder import empty_frame
+
+    b = memory_breakdown(model, empty_frame())
+    b["notes"] = [n for n in b.get("notes", ()) if "no training samples" not in n]
+    lines = format_breakdown(b).splitlines()
+    device = estimate.device
+    if estimate.in_use_bytes is not None:
+        lines.append(f"  in use before a step:  "
+                     f"{format_bytes(estimate.in_use_bytes)} on "
+                     f"{device} (weights, optimizer state, framework runtime"
+                     + (", the Python process" if device == HOST else "") + ")")
+    if estimate.per_sample_bytes is not None and estimate.step_static_bytes is not None:
+        lines.append(
+            f"  step working memory:   {format_bytes(estimate.step_static_bytes)} + "
+            f"{format_bytes(estimate.per_sample_bytes)} per sample (fitted at batch "
+            f"sizes {_sizes_text(estimate.fit_batch_sizes)})")
+    return "\n".join(lines)
+
+
+def run_fit_check(args: argparse.Namespace) -> int:
+    """Runs `fit-check` with parsed arguments (see `add_fit_check_arguments`).
+
+    Returns:
+        `0` with a prediction, `3` when none could be made, `2` for a bad
+        `--model` or backend, `1` when the model function failed.
+    """
+    if args.backend:
+        if "keras" in sys.modules:
+            import keras
+
+            if keras.backend.backend() != args.backend:
+                print(f"error: Keras is already imported with the "
+                      f"{keras.backend.backend()} backend", file=sys.stderr)
+                return 2
+        os.environ["KERAS_BACKEND"] = args.backend
+    try:
+        function = _load_function(args.model)
+    except (ValueError, ImportError, OSError) as e:
+        print(f"error: cannot load --model {args.model}: {e}", file=sys.stderr)
+        return 2
+    try:
+        model, x, y = _unpack(function())
+    except ValueError as e:
+        print(f"error: {args.model}: {e}", file=sys.stderr)
+        return 2
+    except Exception:
+        import traceback
+
+        traceback.print_exc()
+        print(f"error: {args.model} raised", file=sys.stderr)
+        return 1
+    import keras
+
+    estimate = estimate_max_batch_size(
+        model, x, y, trial_sizes=args.trial_sizes, device=args.device,
+        headroom=args.headroom, method=args.method)
+    if args.json:
+        print(json.dumps(estimate.to_dict(), indent=2))
+    else:
+        print(f"keras_memwatch fit-check: {args.model} (backend "
+              f"{keras.backend.backend()}, {estimate.device})\n")
+        print(_breakdown_text(model, estimate))
+        print()
+        print(estimate)
+        print()
+        if estimate.predicted_batch_size is None:
+            print("Predicted largest batch: none (see above)")
+        else:
+            print(f"Predicted largest batch: {estimate.predicted_batch_size}")
+    return 0 if estimate.predicted_batch_size is not None else 3
+
+
+def fit_check_main(argv: Optional[Sequence[str]] = None) -> int:
+    """`keras-memwatch fit-check`: what fits, before launching a job.
+
+    Args:
+        argv: the arguments after `fit-check`. Defaults to `None`
+            (`sys.argv[1:]`).
+
+    Returns:
+        The exit code (see `run_fit_check`).
+
+    Example:
+
+    ```
+    python -m keras_memwatch fit-check --model my_model:build
+    ```
+    """
+    parser = argparse.ArgumentParser(
+        prog="keras-memwatch fit-check",
+        description="Trains a few small batches of your model, fits its memory "
+                    "per sample, and predicts the largest batch that fits.")
+    add_fit_check_arguments(parser)
+    return run_fit_check(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(fit_check_main())
