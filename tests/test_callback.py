@@ -146,7 +146,6 @@ def test_to_csv_and_parquet_round_trip(tmp_path):
     fit(watch, epochs=1)
     watch.to_csv(tmp_path / "m.csv")
     pd.testing.assert_frame_equal(load_log(tmp_path / "m.csv"), watch.to_dataframe())
-    pytest.importorskip("pyarrow")
     watch.to_parquet(tmp_path / "m.parquet")
     back = pd.read_parquet(tmp_path / "m.parquet")
     assert back["peak_bytes"].tolist() == watch.to_dataframe()["peak_bytes"].tolist()

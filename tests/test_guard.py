@@ -232,8 +232,6 @@ def test_a_report_that_cannot_be_written_never_hides_the_error(tmp_path, memwatc
 
 
 def test_memwatch_guard_method(tmp_path):
-    if not hasattr(MemWatch, "guard"):
-        pytest.skip("MemWatch.guard is not wired into callback.py yet")
     watch = MemWatch(probes="host", log_path=tmp_path / "mem.csv", verbose=0)
     error = framework_oom()
     with pytest.raises(type(error)) as caught:

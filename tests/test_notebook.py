@@ -8,11 +8,10 @@ import re
 import sys
 from pathlib import Path
 
+import ipykernel  # noqa: F401  (the kernel the notebook runs on)
+import nbclient
+import nbformat
 import pytest
-
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
-pytest.importorskip("ipykernel")
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "memwatch_tour.ipynb"
 

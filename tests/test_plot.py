@@ -8,12 +8,10 @@ import sys
 
 import pandas as pd
 import pytest
+from conftest import tiny_data, tiny_model
 
-matplotlib = pytest.importorskip("matplotlib")
-
-from conftest import tiny_data, tiny_model  # noqa: E402
-from keras_memwatch import MemWatch  # noqa: E402
-from keras_memwatch import plot as P  # noqa: E402
+from keras_memwatch import MemWatch
+from keras_memwatch import plot as P
 from keras_memwatch.plot import plot_memory  # noqa: E402
 from test_breakdown import HOST, record, steady  # noqa: E402
 
