@@ -118,8 +118,9 @@ def largest_that_fits(fits: Callable[[int], bool], start: int, max_checks: int,
     size = max(int(start), 1)
     step = max(1, int(resolution * size))
     if check(size):
-        check(size + step)
-    elif size > 1:
+        if checks < max_checks:
+            check(size + step)
+    elif size > 1 and checks < max_checks:
         check(max(size - step, 1))
     while (lo is None or hi is None) and checks < max_checks:
         if lo is None:

@@ -62,6 +62,9 @@ def test_never_checks_more_than_allowed():
     fits, calls = counted(10**9)
     lo, hi = largest_that_fits(fits, 100, max_checks=4)
     assert len(calls) == 4 and hi is None and lo == max(calls)
+    fits, calls = counted(10)
+    assert largest_that_fits(fits, 100, max_checks=1) == (None, 100)
+    assert calls == [100]
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="XLA's plan of Keras's JAX train step")
