@@ -150,7 +150,7 @@ def _wait(model: Any, backend: str) -> None:
 def trial(name: str, batch: int, backend: str, watch_dir: Optional[str] = None,
           limit_bytes: Optional[int] = None) -> dict[str, Any]:
     """Builds a fresh model and trains STEPS steps of `batch`: ran or oom."""
-    from keras_memwatch.guard import is_oom_error
+    from keras_memwatch.oom import is_oom_error
 
     began = time.perf_counter()
     out: dict[str, Any] = {"batch": batch}

@@ -920,7 +920,7 @@ def estimate_max_batch_size(
             f"first). Received: {type(model).__name__} without an optimizer")
     import keras
 
-    from keras_memwatch.guard import is_oom_error
+    from keras_memwatch.oom import is_oom_error
 
     backend = keras.backend.backend()
     data = _Batches(x, y)

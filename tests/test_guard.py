@@ -17,14 +17,8 @@ import pandas as pd
 import pytest
 
 from keras_memwatch import MemWatch, load_log
-from keras_memwatch.guard import (
-    OomGuard,
-    allocation_lines,
-    is_oom_error,
-    oom_guard,
-    requested_bytes,
-    write_oom_report,
-)
+from keras_memwatch.guard import OomGuard, oom_guard, write_oom_report
+from keras_memwatch.oom import allocation_lines, is_oom_error, requested_bytes
 
 BACKEND = keras.backend.backend()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
