@@ -22,7 +22,10 @@ def device_limit(row: Mapping[str, Any]) -> tuple[Optional[int], Optional[str]]:
     The allocator's limit where the framework has one, else NVML's total.
     """
     for column in LIMIT_SOURCES:
-        value = row.get(column)
-        if value is not None and value == value and value > 0:  # not NA, not 0
-            return int(value), column
+        try:
+            value = int(row.get(column))  # None, NaN and NA raise
+        except (TypeError, ValueError):
+            continue
+        if value > 0:
+            return value, column
     return None, None
