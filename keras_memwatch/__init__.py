@@ -24,7 +24,7 @@ _PUBLIC = {
     "CapacityEstimate": "keras_memwatch.capacity",
     "MemWatch": "keras_memwatch.callback",
     "SpikeDetector": "keras_memwatch.detector",
-    "SpikeEvent": "keras_memwatch.spikes",
+    "SpikeEvent": "keras_memwatch.events",
     "configure_memory": "keras_memwatch.config",
     "estimate_max_batch_size": "keras_memwatch.capacity",
     "load_log": "keras_memwatch.csvlog",
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from keras_memwatch.config import configure_memory
     from keras_memwatch.csvlog import load_log
     from keras_memwatch.detector import SpikeDetector
-    from keras_memwatch.spikes import SpikeEvent
+    from keras_memwatch.events import SpikeEvent
 
 
 def __getattr__(name: str) -> Any:

@@ -114,10 +114,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from keras_memwatch.breakdown import memory_breakdown
     from keras_memwatch.csvlog import load_log
-    from keras_memwatch.report import (
-        drift_from_frame, log_sources, spikes_from_frame, summarize)
+    from keras_memwatch.derived import spikes_from_frame
+    from keras_memwatch.report import summarize
 
     try:
         frame = load_log(args.log)
@@ -125,8 +124,7 @@ def _report(args: argparse.Namespace) -> int:
         print(f"error: cannot read {args.log} as a MemWatch log: {e}", file=sys.stderr)
         return 1
     spikes = spikes_from_frame(frame)
-    print(summarize(frame, spikes, drift_from_frame(frame), log_sources(frame),
-                    breakdown=memory_breakdown(None, frame)))
+    print(summarize(frame, spikes))
     if args.plot:
         from keras_memwatch.plot import plot_memory
 

@@ -28,6 +28,7 @@ import pandas as pd
 
 from keras_memwatch import options
 from keras_memwatch.columns import HOST_DEVICE
+from keras_memwatch.derived import limit_of, working_memory_of
 from keras_memwatch.units import format_bytes
 
 __all__ = ["device_memory", "format_breakdown", "memory_breakdown", "step_peaks",
@@ -162,17 +163,15 @@ def device_memory(frame: pd.DataFrame) -> dict[str, dict[str, Any]]:
         return out
     for device in pd.unique(frame["device"].astype(str)):
         rows = frame[frame["device"].astype(str) == device].sort_values("step")
-        before = rows["current_bytes"].shift(1)
         is_step = (rows["phase"] == "train") & rows["batch"].notna()
         steps = rows[is_step]
         peak, current = steps["peak_bytes"], steps["current_bytes"]
-        working = (peak - before[is_step]).clip(lower=0)
+        working = working_memory_of(rows)[is_step]
         info: dict[str, Any] = {
             "peak_bytes": _max(peak),
             "typical_peak_bytes": _median(peak),
             "in_use_bytes": _median(current),
-            "limit_bytes": _max(rows["allocator_limit_bytes"])
-            or _max(rows["nvml_total_bytes"]),
+            "limit_bytes": limit_of(rows),
             "transient_bytes": None,
             "transient_max_bytes": None,
             "transient_max_at": None,

@@ -15,19 +15,18 @@ import pandas as pd
 
 from keras_memwatch import options
 from keras_memwatch.csvlog import CsvLog, PathLike
+from keras_memwatch.derived import main_device, spike_table
+from keras_memwatch.detector import SpikeDetector
+from keras_memwatch.events import SpikeEvent
 from keras_memwatch.probes import resolve_probes
 from keras_memwatch.recorder import Recorder
 from keras_memwatch.report import summarize
-from keras_memwatch.sampler import Sampler
+from keras_memwatch.sampler import Row, Sampler
 from keras_memwatch.sequencer import Sequencer
-from keras_memwatch.spikes import SpikeEvent, SpikeMonitor
+from keras_memwatch.spikes import SpikeMonitor
 from keras_memwatch.units import MIB
 
 logger = logging.getLogger("keras_memwatch")
-
-_SPIKE_COLUMNS = ("step", "epoch", "batch", "device", "peak_bytes",
-                  "baseline_bytes", "ratio", "working_bytes",
-                  "usual_working_bytes")
 
 
 def _never_raises(hook: Callable) -> Callable:
@@ -141,10 +140,9 @@ class MemWatch(keras.callbacks.Callback):
     ):
         super().__init__()
         self.every_n_batches = options.positive_int("every_n_batches", every_n_batches)
-        self.window = options.positive_int("window", window)
-        self.threshold = options.number_above("threshold", threshold, 1.0)
-        self.min_delta_mb = options.non_negative("min_delta_mb", min_delta_mb)
-        self.warmup = options.non_negative_int("warmup", warmup)
+        detector = SpikeDetector(window, threshold, min_delta_mb, warmup)  # checks them
+        self.window, self.threshold = detector.window, detector.threshold
+        self.min_delta_mb, self.warmup = detector.min_delta_mb, detector.warmup
         self.log_path = options.log_path("log_path", log_path)
         self.on_spike = options.optional_callable("on_spike", on_spike)
         self.add_to_logs = options.boolean("add_to_logs", add_to_logs)
@@ -173,12 +171,6 @@ class MemWatch(keras.callbacks.Callback):
         self._close()
         self._faults = set()
         devices = self._sampler.start()
-        if "host" in self._sampler.notes and _onednn_keeps_memory(devices):
-            self._sampler.notes["host"] += (
-                "; TensorFlow's oneDNN CPU allocator keeps freed memory, so "
-                "after the first oversized batch host peaks stay flat: set "
-                "TF_ENABLE_ONEDNN_OPTS=0 before importing TensorFlow to see "
-                "every one")
         self._recorder.reset(self._sampler.device_columns)
         self._monitor = SpikeMonitor(
             devices, self.window, self.threshold, self.min_delta_mb,
@@ -191,7 +183,7 @@ class MemWatch(keras.callbacks.Callback):
         self._epoch = 0
         self._step = 0
         self._t0 = time.perf_counter()
-        self._primary = next((i for i, d in enumerate(devices) if d != "host"), 0)
+        self._primary = devices.index(main_device(devices)) if devices else 0
         self._epoch_peak: Optional[int] = None
         self._last_current: Optional[int] = None
         self._undelivered: list[SpikeEvent] = []
@@ -335,11 +327,29 @@ class MemWatch(keras.callbacks.Callback):
     @property
     def spikes(self) -> pd.DataFrame:
         """The spike events of the last fit, one row each."""
-        events = self._monitor.events if self._monitor else []
-        return pd.DataFrame(
-            [[getattr(e, c) for c in _SPIKE_COLUMNS] for e in events],
-            columns=list(_SPIKE_COLUMNS),
-        )
+        return spike_table(self._monitor.events if self._monitor else [])
+
+    @property
+    def training(self) -> bool:
+        """Whether a fit is running (its probes are open)."""
+        return self._training
+
+    @property
+    def sources(self) -> dict[str, str]:
+        """What each probe of the last fit could see, or why it could not."""
+        return dict(self._sampler.notes)
+
+    def sample_now(self) -> dict[str, Row]:
+        """Reads every probe now, during a fit, without recording the sample.
+
+        The peaks since the last recorded sample are read (and reset), so
+        use it where the fit is over anyway: `guard()` calls it on an
+        out-of-memory error. Returns `{}` when no fit is running.
+        """
+        if not self._training:
+            return {}
+        with self._lock:
+            return dict(zip(self._sampler.devices, self._sampler.sample()))
 
     def breakdown(self, batch_size: Optional[int] = None) -> dict:
         """Where the memory went: weights, optimizer state and the
@@ -380,8 +390,8 @@ class MemWatch(keras.callbacks.Callback):
                 memory per sample. Defaults to `None`.
         """
         drift = self._monitor.drift_events if self._monitor else []
-        return summarize(self.to_dataframe(), self.spikes, drift,
-                         self._sampler.notes, breakdown=self.breakdown(batch_size))
+        return summarize(self.to_dataframe(), self.spikes, drift, self.sources,
+                         breakdown=self.breakdown(batch_size))
 
     def guard(self, report_dir: Optional[PathLike] = None, last_n: int = 20) -> Any:
         """Guards a `fit` call: on out-of-memory, writes what was happening.
@@ -447,9 +457,3 @@ def _add_metrics(logs: dict, peak: Optional[int], current: Optional[int]) -> Non
     if current is not None:
         logs["mem_current_mib"] = current / MIB
 
-
-def _onednn_keeps_memory(devices: tuple[str, ...]) -> bool:
-    """TensorFlow on the CPU with oneDNN on (its default)."""
-    return (keras.backend.backend() == "tensorflow"
-            and devices == ("host",)
-            and os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1") != "0")

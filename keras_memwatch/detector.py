@@ -10,15 +10,15 @@ not thread-safe on their own).
 
 from __future__ import annotations
 
-import dataclasses
 from bisect import bisect_left, insort
 from collections import deque
 from typing import Optional
 
 from keras_memwatch import options
-from keras_memwatch.units import MIB, format_bytes
+from keras_memwatch.events import DriftEvent
+from keras_memwatch.units import MIB
 
-__all__ = ["DriftEvent", "DriftMonitor", "SpikeDetector"]
+__all__ = ["DriftMonitor", "SpikeDetector"]
 
 _INF = float("inf")
 
@@ -264,41 +264,6 @@ class SpikeDetector:
             f"SpikeDetector(window={self._window_size}, "
             f"threshold={self._threshold:g}, "
             f"min_delta_mb={self._min_delta_mb:g}, warmup={self._warmup})"
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class DriftEvent:
-    """Steady growth of the baseline: what a memory leak looks like.
-
-    Args:
-        start_bytes: Baseline at the start of the growth, in bytes.
-        end_bytes: Baseline at the end of the growth, in bytes.
-        n_batches: Number of samples with a baseline that the growth spans
-            (batches, when every batch is sampled).
-        n_epochs: Number of epochs the growth spans. Defaults to `1`.
-    """
-
-    start_bytes: float
-    end_bytes: float
-    n_batches: int
-    n_epochs: int = 1
-
-    @property
-    def growth_bytes(self) -> float:
-        """How much the baseline grew, in bytes."""
-        return self.end_bytes - self.start_bytes
-
-    @property
-    def message(self) -> str:
-        """The event in words, e.g. "baseline grew from 190 MiB to 420 MiB
-        over 300 batches"."""
-        span = f"{self.n_batches} batches"
-        if self.n_epochs > 1:
-            span = f"{self.n_epochs} epochs ({span})"
-        return (
-            f"baseline grew from {format_bytes(self.start_bytes)} "
-            f"to {format_bytes(self.end_bytes)} over {span}"
         )
 
 

@@ -37,56 +37,37 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 __all__ = ["OomGuard", "oom_guard", "oom_report_text", "write_oom_report"]
 
-def _mib(value: Any) -> str:
-    import pandas as pd
-
-    if value is None or pd.isna(value):
-        return ""
-    return f"{int(value) / 2**20:.1f}"
-
-
 def _last_samples(frame: Any, last_n: int) -> str:
     """The last `last_n` samples (every device), in MiB."""
     import pandas as pd
 
+    from keras_memwatch.derived import working_memory_of
+
     steps = sorted(frame["step"].unique())[-(last_n + 1):]
     tail = frame[frame["step"].isin(steps)].sort_values("step", kind="stable")
-    before = tail.groupby("device", observed=True)["current_bytes"].shift(1)
-    working = (tail["peak_bytes"] - before).clip(lower=0)
-    keep = tail["step"].isin(steps[-last_n:])
-    header = ("step", "epoch", "batch", "phase", "device", "peak MiB",
-              "in use MiB", "working MiB", "spike")
-    table = [header]
-    for (_, row), work in zip(tail[keep].iterrows(), working[keep]):
-        batch = row["batch"]
-        table.append((str(row["step"]), str(row["epoch"]),
-                      "" if pd.isna(batch) else str(batch),
-                      str(row["phase"]), str(row["device"]), _mib(row["peak_bytes"]),
-                      _mib(row["current_bytes"]), _mib(work),
-                      "SPIKE" if bool(row["spike"]) else ""))
-    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
-    return "\n".join("  " + "  ".join(c.rjust(w) for c, w in zip(r, widths))
-                     for r in table)
+    working = pd.concat([working_memory_of(rows) for _, rows in
+                         tail.groupby("device", observed=True)])
+    table = tail[["step", "epoch", "batch", "phase", "device"]].copy()
+    for title, values in (("peak MiB", tail["peak_bytes"]),
+                          ("in use MiB", tail["current_bytes"]),
+                          ("working MiB", working)):
+        table[title] = (values.astype("float64") / 2**20).round(1)
+    table["spike"] = tail["spike"].map({True: "SPIKE", False: ""})
+    table = table[tail["step"].isin(steps[-last_n:])]
+    text = table.to_string(index=False, na_rep="")
+    return "\n".join("  " + line for line in text.splitlines())
 
 
 def _now(watch: Any) -> list[str]:
-    """One fresh sample of the watch's live probes, at the failure.
-
-    Uses the running sampler of the watch (private attributes until
-    `MemWatch` offers a public way), so peaks since the last sample, the
-    step that died, are not lost to a reset. Nothing when the fit ended
-    normally (its probes are closed then).
-    """
-    sampler = getattr(watch, "_sampler", None)
-    devices = getattr(sampler, "devices", ())
-    if sampler is None or not devices or not getattr(watch, "_training", False):
-        return []  # no fit in progress: its probes are closed
-    rows = sampler.sample()
+    """One fresh sample of the watch's live probes, at the failure, so the
+    peaks since the last sample (the step that died) are not lost. Nothing
+    when no fit is running (its probes are closed then)."""
+    from keras_memwatch.derived import device_limit
     from keras_memwatch.units import format_bytes
 
     lines = []
-    for device, row in zip(devices, rows):
-        limit = row.get("allocator_limit_bytes") or row.get("nvml_total_bytes")
+    for device, row in watch.sample_now().items():
+        limit, _ = device_limit(row)
         lines.append(
             f"  {device}: in use {format_bytes(row.get('current_bytes'))}, peak since "
             f"the last sample {format_bytes(row.get('peak_bytes'))}"
@@ -131,16 +112,12 @@ def oom_report_text(watch: Any, error: BaseException, last_n: int = 20,
     if size is not None:
         lines.append(f"  requested: {format_bytes(size)} ({size} bytes)")
 
-    sections: list[tuple[str, Any]] = [
-        ("Memory at the failure (sampled now)", lambda: _now(watch)),
-    ]
-    for title, make in sections:
-        try:
-            body = make()
-        except Exception as e:
-            body = [f"  (not available: {e!r})"]
-        if body:
-            lines += ["", f"{title}:"] + body
+    try:
+        now = _now(watch)
+    except Exception as e:
+        now = [f"  (not available: {e!r})"]
+    if now:
+        lines += ["", "Memory at the failure (sampled now):"] + now
 
     try:
         frame = watch.to_dataframe()
@@ -176,27 +153,11 @@ def oom_report_text(watch: Any, error: BaseException, last_n: int = 20,
             lines.append("  none")
     except Exception as e:
         lines.append(f"  (not available: {e!r})")
-    lines += ["", _summary(watch, frame)]
+    try:
+        lines += ["", watch.summary()]
+    except Exception as e:
+        lines += ["", f"(summary not available: {e!r})"]
     return "\n".join(lines) + "\n"
-
-
-def _summary(watch: Any, frame: Any) -> str:
-    """The summary, with the breakdown that knows the model when it can."""
-    try:
-        from keras_memwatch.report import drift_from_frame, log_sources, summarize
-
-        sampler = getattr(watch, "_sampler", None)
-        sources = dict(getattr(sampler, "notes", {}) or {}) or log_sources(frame)
-        has_model = getattr(watch, "model", None) is not None
-        breakdown = watch.breakdown() if has_model else None
-        return summarize(frame, watch.spikes, drift_from_frame(frame), sources,
-                         breakdown=breakdown)
-    except Exception as e:
-        logger.debug("summary with the model failed (%r); the plain summary follows", e)
-    try:
-        return watch.summary()
-    except Exception as e:
-        return f"(summary not available: {e!r})"
 
 
 def _report_paths(watch: Any, report_dir: Optional[PathLike]) -> tuple[str, str]:

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from typing import Any, Optional, Union
 
 import numpy as np
 import pandas as pd
 
-from keras_memwatch.columns import HOST_DEVICE
+from keras_memwatch.derived import in_use_before, limit_of, main_device
 from keras_memwatch.units import MIB, format_bytes
 
 logger = logging.getLogger("keras_memwatch")
@@ -37,21 +36,13 @@ _MAX_NOTES = 10  # spikes annotated with their epoch and batch
 
 
 def _pyplot() -> Any:
-    """Imports pyplot; picks the Agg backend on a headless machine, unless
-    a backend was already chosen (pyplot imported, or `MPLBACKEND` set)."""
+    """Imports pyplot (which picks Agg by itself on a headless machine)."""
     try:
-        import matplotlib
+        import matplotlib.pyplot as plt
     except ImportError:
         raise ImportError(
             "Plotting needs matplotlib: pip install matplotlib "
             "(or pip install 'keras-memwatch[plot]')") from None
-    headless = sys.platform.startswith("linux") and not (
-        os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
-    if headless and "matplotlib.pyplot" not in sys.modules and not os.environ.get(
-            "MPLBACKEND"):
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     return plt
 
 
@@ -62,8 +53,7 @@ def _mib(values: pd.Series) -> Any:
 def _draw(ax: Any, rows: pd.DataFrame, spikes: pd.DataFrame, device: str) -> None:
     rows = rows.sort_values("step")
     step = rows["step"].to_numpy()
-    before = rows["current_bytes"].shift(1)
-    ax.fill_between(step, _mib(before), _mib(rows["baseline_bytes"]),
+    ax.fill_between(step, _mib(in_use_before(rows)), _mib(rows["baseline_bytes"]),
                     facecolor="tab:green", alpha=0.25, edgecolor="tab:green",
                     linewidth=0.6, label=LABEL_BASELINE)
     ax.plot(step, _mib(rows["peak_bytes"]), color="tab:red", linewidth=1.2,
@@ -93,16 +83,13 @@ def _draw(ax: Any, rows: pd.DataFrame, spikes: pd.DataFrame, device: str) -> Non
             ax.axvspan(run["step"].min() - 0.5, run["step"].max() + 0.5,
                        color="gray", alpha=0.12, linewidth=0,
                        label=LABEL_VALIDATION if i == 0 else "_nolegend_")
-    limit = rows["allocator_limit_bytes"].dropna()
-    if limit.empty:
-        limit = rows["nvml_total_bytes"].dropna()
+    top = limit_of(rows)
     peak = rows["peak_bytes"].dropna()
     high = max(float(peak.max()) if len(peak) else 0.0,
                float(rows["current_bytes"].max()) if rows["current_bytes"].notna().any()
                else 0.0)
     ax.set_ylim(0, high / MIB * 1.15 or 1)
-    if not limit.empty:
-        top = int(limit.max())
+    if top is not None:
         label = f"{LABEL_LIMIT} {format_bytes(top)}"
         if top <= 2.5 * high:
             ax.set_ylim(0, max(top, high) / MIB * 1.08)
@@ -165,7 +152,7 @@ def plot_memory(
     else:
         _pyplot()
         if len(devices) > 1:
-            main = next((d for d in devices if d != HOST_DEVICE), devices[0])
+            main = main_device(devices)
             logger.info("plot: one Axes given; drawing %s only (not %s)", main,
                         ", ".join(d for d in devices if d != main))
             devices = [main]

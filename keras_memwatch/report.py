@@ -1,9 +1,4 @@
-"""The text summary: where the memory went, per device.
-
-`summarize` renders a fit's record for a person. `spikes_from_frame` and
-`drift_from_frame` rebuild the spike table and drift events from a record
-alone, for a streamed log read without its `MemWatch`.
-"""
+"""The text summary: where the memory went, per device."""
 
 from __future__ import annotations
 
@@ -14,11 +9,8 @@ import pandas as pd
 
 from keras_memwatch.breakdown import device_memory, format_breakdown, memory_breakdown
 from keras_memwatch.columns import HOST_DEVICE
+from keras_memwatch.derived import drift_from_frame, log_sources, spikes_from_frame
 from keras_memwatch.units import format_bytes
-
-SPIKE_COLUMNS = ("step", "epoch", "batch", "device", "peak_bytes",
-                 "baseline_bytes", "ratio", "working_bytes",
-                 "usual_working_bytes")
 
 _MAX_LISTED = 12  # spikes listed by place before "... and N more"
 
@@ -68,9 +60,9 @@ def _device_lines(device: str, info: dict, spikes: pd.DataFrame) -> list[str]:
 
 def summarize(
     frame: pd.DataFrame,
-    spikes: pd.DataFrame,
-    drift: Sequence[tuple] = (),
-    sources: Mapping[str, str] = {},
+    spikes: Optional[pd.DataFrame] = None,
+    drift: Optional[Sequence[tuple]] = None,
+    sources: Optional[Mapping[str, str]] = None,
     breakdown: Optional[Mapping[str, Any]] = None,
 ) -> str:
     """Renders a short report of one fit.
@@ -81,13 +73,18 @@ def summarize(
     the spikes; then drift, and which sources could see what (and which
     were unavailable, and why).
 
+    What is not given is replayed from `frame` alone, as for a streamed
+    log read without its `MemWatch`.
+
     Args:
         frame: the record (`MemWatch.to_dataframe()` or `load_log(...)`).
-        spikes: the spike events (`MemWatch.spikes` or `spikes_from_frame`).
-        drift: `(device, epoch, DriftEvent)` tuples. Defaults to `()`.
+        spikes: the spike table (`MemWatch.spikes`). Defaults to `None`:
+            `derived.spikes_from_frame(frame)`.
+        drift: `(device, epoch, DriftEvent)` tuples. Defaults to `None`:
+            `derived.drift_from_frame(frame)`.
         sources: probe name -> what it could or could not see; a note that
             starts with "unavailable:" lists the probe as not available.
-            Defaults to `{}`.
+            Defaults to `None`: `derived.log_sources(frame)`.
         breakdown: `memory_breakdown(...)` of the fit. Defaults to `None`:
             computed from `frame` alone (weights and optimizer state then
             read as unknown without the model).
@@ -97,6 +94,9 @@ def summarize(
     """
     if frame.empty:
         return "keras_memwatch: no samples recorded."
+    spikes = spikes_from_frame(frame) if spikes is None else spikes
+    drift = drift_from_frame(frame) if drift is None else drift
+    sources = log_sources(frame) if sources is None else sources
     train = frame[frame["phase"] == "train"]
     steps = train[train["batch"].notna()]
     lines = [
@@ -127,82 +127,3 @@ def summarize(
         lines.append("Not available:")
         lines.extend(f"  {name}: {note}" for name, note in missing.items())
     return "\n".join(lines)
-
-
-def spikes_from_frame(frame: pd.DataFrame) -> pd.DataFrame:
-    """The spike table of a record, as `MemWatch.spikes` gives it.
-
-    A row's working memory is its peak minus the memory in use at the
-    previous sample of its device; its usual working memory is its
-    baseline minus that same memory in use.
-
-    Args:
-        frame: a record, e.g. `load_log(path)`.
-
-    Returns:
-        One row per spiking sample, with `SPIKE_COLUMNS`.
-    """
-    parts = []
-    for _, rows in frame.groupby("device", observed=True, sort=False):
-        rows = rows.sort_values("step")
-        before = rows["current_bytes"].shift(1)
-        hit = rows[rows["spike"]].copy()
-        if hit.empty:
-            continue
-        hit["working_bytes"] = hit["peak_bytes"] - before[hit.index]
-        hit["usual_working_bytes"] = hit["baseline_bytes"] - before[hit.index]
-        hit["ratio"] = (hit["working_bytes"].astype("float64")
-                        / hit["usual_working_bytes"].astype("float64").clip(lower=1))
-        parts.append(hit)
-    if not parts:
-        return pd.DataFrame(columns=list(SPIKE_COLUMNS))
-    out = pd.concat(parts).sort_values(["step", "device"], kind="stable")
-    out["device"] = out["device"].astype(str)
-    return out[list(SPIKE_COLUMNS)].reset_index(drop=True)
-
-
-def drift_from_frame(frame: pd.DataFrame, window: int = 50,
-                     min_delta_mb: float = 64) -> list[tuple]:
-    """Replays drift detection over a record, as MemWatch ran it: on the
-    rolling median of the memory in use after each judged step.
-
-    Args:
-        frame: a record, e.g. `load_log(path)`.
-        window: the rolling window, in samples. Defaults to `50`.
-        min_delta_mb: the growth a leak exceeds, in MiB. Defaults to `64`.
-            (MemWatch's defaults; a log does not record its options.)
-
-    Returns:
-        `(device, epoch, DriftEvent)` tuples.
-    """
-    from keras_memwatch.detector import DriftMonitor
-
-    events = []
-    for device, rows in frame.groupby("device", observed=True, sort=False):
-        rows = rows.sort_values("step")
-        before = rows["current_bytes"].shift(1)
-        monitor = DriftMonitor(min_delta_mb, smooth=window)
-        judged = ((rows["phase"] == "train") & rows["batch"].notna()
-                  & before.notna() & rows["peak_bytes"].notna()
-                  & rows["current_bytes"].notna())
-        for epoch in sorted(rows["epoch"].unique()):
-            for current in rows.loc[judged & (rows["epoch"] == epoch), "current_bytes"]:
-                monitor.update(float(current))
-            event = monitor.end_epoch()
-            if event is not None:
-                events.append((str(device), int(epoch), event))
-    return events
-
-
-def log_sources(frame: pd.DataFrame) -> dict[str, str]:
-    """What a record alone says about its sources: the columns with values."""
-    from keras_memwatch import columns as C
-
-    seen = [c for c in C.SOURCE_COLUMNS if frame[c].notna().any()]
-    empty = [c for c in C.SOURCE_COLUMNS if c not in seen]
-    notes = {"log": "columns with values: " + (", ".join(seen) or "none")}
-    if empty:
-        notes["log (empty columns)"] = (
-            "unavailable: no values for " + ", ".join(empty)
-            + " (the probes' reasons are not kept in a log)")
-    return notes

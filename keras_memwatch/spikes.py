@@ -12,58 +12,16 @@ in use before the step plus the usual working memory.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Optional
 
-from keras_memwatch.detector import DriftEvent, DriftMonitor, SpikeDetector
+from keras_memwatch.derived import working_memory
+from keras_memwatch.detector import DriftMonitor, SpikeDetector
+from keras_memwatch.events import DriftEvent, SpikeEvent
 from keras_memwatch.units import format_bytes
 
 logger = logging.getLogger("keras_memwatch")
-
-
-@dataclasses.dataclass(frozen=True)
-class SpikeEvent:
-    """A sample whose step needed far more memory than usual.
-
-    Attributes:
-        step, epoch, batch: where it happened.
-        device: `"GPU:0"`, ..., or `"host"`.
-        peak_bytes: the peak of the step.
-        baseline_bytes: the usual peak at that point (memory in use before
-            the step plus the usual working memory).
-        working_bytes: the step's working memory (peak minus memory in use
-            before it).
-        usual_working_bytes: the rolling baseline of working memory.
-    """
-
-    step: int
-    epoch: int
-    batch: Optional[int]
-    device: str
-    peak_bytes: int
-    baseline_bytes: int
-    working_bytes: int
-    usual_working_bytes: int
-
-    @property
-    def ratio(self) -> float:
-        """How many times the usual working memory this step needed."""
-        return self.working_bytes / max(self.usual_working_bytes, 1)
-
-    @property
-    def message(self) -> str:
-        """The alert line, in human units."""
-        # Against a usual working memory near zero the ratio means little.
-        times = f"{self.ratio:.1f}x" if self.ratio < 100 else "over 100x"
-        return (
-            f"memory spike at epoch {self.epoch} batch {self.batch} on "
-            f"{self.device}: peak {format_bytes(self.peak_bytes)} vs "
-            f"baseline {format_bytes(self.baseline_bytes)} (this step needed "
-            f"{format_bytes(self.working_bytes)}, {times} the usual "
-            f"{format_bytes(self.usual_working_bytes)})"
-        )
 
 
 class SpikeMonitor:
@@ -123,7 +81,7 @@ class SpikeMonitor:
             if not judged or before is None or peak is None:
                 self._end_burst(i)
                 continue
-            working = max(peak - before, 0)
+            working = working_memory(peak, before)
             detector = self._detectors[i]
             spike = detector.update(working)
             self._drift[i].update(current)

@@ -1,4 +1,5 @@
-"""Shared fixtures: fake probes, tiny models, and the GPU marker."""
+"""Shared fixtures and helpers: fake probes, hand-made records, tiny models,
+and the GPU marker. Tests import the helpers from here."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import numpy as np
 import pytest
 
 from keras_memwatch import columns as C
+from keras_memwatch.derived import spike_table
 from keras_memwatch.probes.base import Probe
+from keras_memwatch.recorder import Recorder
+from keras_memwatch.spikes import SpikeMonitor
 
 
 def _gpu_present() -> bool:
@@ -99,3 +103,130 @@ def tiny_data(n: int = 64, inputs: int = 8, seed: int = 0):
     rng = np.random.default_rng(seed)
     return (rng.normal(size=(n, inputs)).astype("float32"),
             rng.normal(size=(n, 1)).astype("float32"))
+
+
+def dense_model(optimizer):
+    import keras
+
+    # Dense 10 -> 32: 10*32 + 32 = 352; Dense 32 -> 4: 32*4 + 4 = 132.
+    model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(32),
+                              keras.layers.Dense(4)])
+    model.compile(optimizer=optimizer, loss="mse")
+    return model
+
+
+def built(model):
+    """Creates the optimizer's state, as the first training step does."""
+    model.optimizer.build(model.trainable_variables)
+    return model
+
+
+# -- hand-made records ------------------------------------------------------
+
+MIB = 2**20
+GIB = 2**30
+GPU = (C.ALLOCATOR_CURRENT, C.ALLOCATOR_PEAK, C.ALLOCATOR_LIMIT)
+HOST = (C.HOST_RSS, C.HOST_PEAK_RSS)
+
+
+def record(readings, device="GPU:0", sources=GPU, limit=16 * GIB,
+           per_step_peak=True, epoch_of=None, phase_of=None, monitor=False,
+           **detector):
+    """Runs readings through the real spike monitor and recorder.
+
+    Args:
+        readings: `(current_mib, peak_mib)` per sample; the first is the
+            train-begin sample, then one per batch.
+        per_step_peak: False to act like JAX: the source's peak is a
+            process-lifetime high-water mark and `peak_bytes` falls back to
+            the memory in use.
+        epoch_of, phase_of: functions of the batch number.
+        monitor: also return the `SpikeMonitor`.
+
+    Returns:
+        `(frame, spikes)` as `MemWatch.to_dataframe()` and `MemWatch.spikes`
+        give them (and the monitor).
+    """
+    epoch_of = epoch_of or (lambda i: 0)
+    phase_of = phase_of or (lambda i: "train")
+    options = dict(window=50, threshold=1.5, min_delta_mb=64, warmup=5)
+    options.update(detector)
+    judge = SpikeMonitor((device,), alert=False, **options)
+    recorder = Recorder()
+    recorder.reset({device: sources})
+    high_water = last_mark = None
+    for step, (current, peak) in enumerate(readings):
+        current, peak = current * MIB, peak * MIB
+        last_mark, high_water = high_water, max(high_water or 0, peak)
+        if sources == GPU:
+            row = {C.ALLOCATOR_CURRENT: current, C.ALLOCATOR_LIMIT: limit,
+                   C.ALLOCATOR_PEAK: peak if per_step_peak else high_water}
+        else:
+            row = {C.HOST_RSS: current, C.HOST_PEAK_RSS: peak}
+        row["current_bytes"] = current
+        # As the sampler does: a high-water mark is a step's peak only
+        # where it rose since the previous sample.
+        rose = last_mark is not None and high_water > last_mark
+        row["peak_bytes"] = peak if per_step_peak or rose else current
+        batch = None if step == 0 else step - 1
+        epoch = 0 if step == 0 else epoch_of(batch)
+        phase = "train" if step == 0 else phase_of(batch)
+        judge.judge(step, epoch, batch, step > 0 and phase == "train", [row])
+        recorder.append(epoch, batch, phase, step * 0.1, [row])
+    spikes = spike_table(judge.events)
+    if monitor:
+        return recorder.to_dataframe(), spikes, judge
+    return recorder.to_dataframe(), spikes
+
+
+def steady(working_mib, in_use=500):
+    """Train begin, then steps with these working memories on `in_use`."""
+    return [(in_use, in_use)] + [(in_use, in_use + w) for w in working_mib]
+
+
+GPU_SOURCES = (C.ALLOCATOR_CURRENT, C.ALLOCATOR_PEAK, C.ALLOCATOR_LIMIT)
+HOST_SOURCES = (C.HOST_RSS, C.HOST_PEAK_RSS)
+
+
+def gpu_row(i, spike=False):
+    return {C.ALLOCATOR_CURRENT: 100 + i, C.ALLOCATOR_PEAK: 200 + i,
+            C.ALLOCATOR_LIMIT: None, "current_bytes": 100 + i,
+            "peak_bytes": 200 + i, "baseline_bytes": None if i < 2 else 150,
+            "spike": spike}
+
+
+def host_row(i):
+    return {C.HOST_RSS: 1000 + i, C.HOST_PEAK_RSS: 2000 + i,
+            "current_bytes": 1000 + i, "peak_bytes": 2000 + i,
+            "baseline_bytes": None, "spike": False}
+
+
+# -- out-of-memory errors as each framework raises them ---------------------
+
+TORCH_MESSAGE = (
+    "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+    "79.19 GiB of which 1.06 GiB is free. Of the allocated memory 75.10 GiB is "
+    "allocated by PyTorch, and 1.02 GiB is reserved by PyTorch but unallocated. See "
+    "documentation for Memory Management")
+XLA_MESSAGE = ("RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
+               "4294967296 bytes.")
+TF_MESSAGE = ("OOM when allocating tensor with shape[4096,262144] and type float on "
+              "/job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc")
+
+
+def framework_oom():
+    """A real out-of-memory exception of the active backend's framework."""
+    import keras
+
+    backend = keras.backend.backend()
+    if backend == "torch":
+        import torch
+
+        return torch.OutOfMemoryError(TORCH_MESSAGE)
+    if backend == "jax":
+        import jax
+
+        return jax.errors.JaxRuntimeError(XLA_MESSAGE)
+    import tensorflow as tf
+
+    return tf.errors.ResourceExhaustedError(None, None, TF_MESSAGE)

@@ -11,90 +11,13 @@ import pytest
 from keras_memwatch import columns as C
 from keras_memwatch.breakdown import (
     dtype_size, format_breakdown, memory_breakdown, step_peaks, variable_bytes)
-from keras_memwatch.recorder import Recorder
-from keras_memwatch.report import SPIKE_COLUMNS
-from keras_memwatch.spikes import SpikeMonitor
+from conftest import GIB, GPU, HOST, MIB, built, dense_model, record, steady
 
-MIB = 2**20
-GIB = 2**30
-# Keras's "int" counters (optimizer iterations, loss-scale step counter) are
-# int64 on TensorFlow and int32 on JAX and PyTorch.
 INT = 8 if keras.backend.backend() == "tensorflow" else 4
 COUNTERS = INT + 4  # an optimizer's iteration and float32 learning rate
 
 
-# -- hand-made records ------------------------------------------------------
-
-GPU = (C.ALLOCATOR_CURRENT, C.ALLOCATOR_PEAK, C.ALLOCATOR_LIMIT)
-HOST = (C.HOST_RSS, C.HOST_PEAK_RSS)
-
-
-def record(readings, device="GPU:0", sources=GPU, limit=16 * GIB,
-           per_step_peak=True, epoch_of=None, phase_of=None, monitor=False,
-           **detector):
-    """Runs readings through the real spike monitor and recorder.
-
-    Args:
-        readings: `(current_mib, peak_mib)` per sample; the first is the
-            train-begin sample, then one per batch.
-        per_step_peak: False to act like JAX: the source's peak is a
-            process-lifetime high-water mark and `peak_bytes` falls back to
-            the memory in use.
-        epoch_of, phase_of: functions of the batch number.
-        monitor: also return the `SpikeMonitor`.
-
-    Returns:
-        `(frame, spikes)` as `MemWatch.to_dataframe()` and `MemWatch.spikes`
-        give them (and the monitor).
-    """
-    epoch_of = epoch_of or (lambda i: 0)
-    phase_of = phase_of or (lambda i: "train")
-    options = dict(window=50, threshold=1.5, min_delta_mb=64, warmup=5)
-    options.update(detector)
-    judge = SpikeMonitor((device,), alert=False, **options)
-    recorder = Recorder()
-    recorder.reset({device: sources})
-    high_water = last_mark = None
-    for step, (current, peak) in enumerate(readings):
-        current, peak = current * MIB, peak * MIB
-        last_mark, high_water = high_water, max(high_water or 0, peak)
-        if sources == GPU:
-            row = {C.ALLOCATOR_CURRENT: current, C.ALLOCATOR_LIMIT: limit,
-                   C.ALLOCATOR_PEAK: peak if per_step_peak else high_water}
-        else:
-            row = {C.HOST_RSS: current, C.HOST_PEAK_RSS: peak}
-        row["current_bytes"] = current
-        # As the sampler does: a high-water mark is a step's peak only
-        # where it rose since the previous sample.
-        rose = last_mark is not None and high_water > last_mark
-        row["peak_bytes"] = peak if per_step_peak or rose else current
-        batch = None if step == 0 else step - 1
-        epoch = 0 if step == 0 else epoch_of(batch)
-        phase = "train" if step == 0 else phase_of(batch)
-        judge.judge(step, epoch, batch, step > 0 and phase == "train", [row])
-        recorder.append(epoch, batch, phase, step * 0.1, [row])
-    spikes = pd.DataFrame(
-        [[getattr(e, c) for c in SPIKE_COLUMNS] for e in judge.events],
-        columns=list(SPIKE_COLUMNS))
-    if monitor:
-        return recorder.to_dataframe(), spikes, judge
-    return recorder.to_dataframe(), spikes
-
-
-def steady(working_mib, in_use=500):
-    """Train begin, then steps with these working memories on `in_use`."""
-    return [(in_use, in_use)] + [(in_use, in_use + w) for w in working_mib]
-
-
 # -- static memory: exact bytes ---------------------------------------------
-
-def dense_model(optimizer):
-    # Dense 10 -> 32: 10*32 + 32 = 352; Dense 32 -> 4: 32*4 + 4 = 132.
-    model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(32),
-                              keras.layers.Dense(4)])
-    model.compile(optimizer=optimizer, loss="mse")
-    return model
-
 
 DENSE_PARAMS = 10 * 32 + 32 + 32 * 4 + 4  # 484
 
@@ -118,12 +41,6 @@ def conv_model(optimizer, dtype=None):
 
 CONV_TRAINABLE = 224 + 16 + 1168 + 85  # 1493
 CONV_NON_TRAINABLE = 16
-
-
-def built(model):
-    """Creates the optimizer's state, as the first training step does."""
-    model.optimizer.build(model.trainable_variables)
-    return model
 
 
 def trained(model):

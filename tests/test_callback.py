@@ -63,6 +63,24 @@ def test_auto_probes_on_a_cpu_machine_record_the_host():
     assert len(frame[frame["device"] == "host"]) == 5
 
 
+def test_during_a_fit_it_can_be_sampled_on_demand_without_recording():
+    watch = MemWatch(probes="host", verbose=0)
+    seen = []
+
+    class Peek(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append((watch.training, watch.sample_now()))
+
+    x, y = tiny_data(32)
+    tiny_model().fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[watch, Peek()])
+    assert [training for training, _ in seen] == [True, True]
+    assert all(set(now) == {"host"} and now["host"]["current_bytes"] > 0
+               for _, now in seen)
+    assert len(watch.to_dataframe()) == 3  # train begin and two batches only
+    assert not watch.training and watch.sample_now() == {}
+    assert watch.sources["host"].startswith("host: RSS")
+
+
 def test_one_instance_serves_several_fits():
     watch = MemWatch(probes="host")
     fit(watch, epochs=2)

@@ -11,7 +11,7 @@ from pathlib import Path
 import keras
 import pytest
 
-from test_breakdown import record, steady
+from conftest import record, steady
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKING = [40] * 6 + [400] + [40] * 6 + [420] + [40] * 6  # spikes at 6 and 13

@@ -7,7 +7,7 @@ import pytest
 from keras_memwatch import columns as C
 from keras_memwatch.csvlog import CsvLog, load_log
 
-from test_recorder import GPU_SOURCES, HOST_SOURCES, gpu_row, host_row
+from conftest import GPU_SOURCES, HOST_SOURCES, gpu_row, host_row
 from keras_memwatch.recorder import Recorder
 
 

@@ -13,7 +13,7 @@ from conftest import tiny_data, tiny_model
 from keras_memwatch import MemWatch
 from keras_memwatch import plot as P
 from keras_memwatch.plot import plot_memory  # noqa: E402
-from test_breakdown import HOST, record, steady  # noqa: E402
+from conftest import HOST, record, steady  # noqa: E402
 
 WORKING = [40] * 6 + [400] + [40] * 6 + [420] + [40] * 6  # spikes at 6 and 13
 
@@ -143,7 +143,7 @@ def test_headless_without_a_display(tmp_path):
            if k not in ("DISPLAY", "WAYLAND_DISPLAY", "MPLBACKEND")}
     code = (
         "import sys; sys.path.insert(0, 'tests')\n"
-        "from test_breakdown import record, steady\n"
+        "from conftest import record, steady\n"
         "from keras_memwatch.plot import plot_memory\n"
         "import matplotlib\n"
         "frame, spikes = record(steady([40] * 8))\n"

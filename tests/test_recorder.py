@@ -7,22 +7,7 @@ import numpy as np
 from keras_memwatch import columns as C
 from keras_memwatch.recorder import Recorder, empty_frame
 
-GPU_SOURCES = (C.ALLOCATOR_CURRENT, C.ALLOCATOR_PEAK, C.ALLOCATOR_LIMIT)
-HOST_SOURCES = (C.HOST_RSS, C.HOST_PEAK_RSS)
-
-
-def gpu_row(i, spike=False):
-    return {C.ALLOCATOR_CURRENT: 100 + i, C.ALLOCATOR_PEAK: 200 + i,
-            C.ALLOCATOR_LIMIT: None, "current_bytes": 100 + i,
-            "peak_bytes": 200 + i, "baseline_bytes": None if i < 2 else 150,
-            "spike": spike}
-
-
-def host_row(i):
-    return {C.HOST_RSS: 1000 + i, C.HOST_PEAK_RSS: 2000 + i,
-            "current_bytes": 1000 + i, "peak_bytes": 2000 + i,
-            "baseline_bytes": None, "spike": False}
-
+from conftest import GPU_SOURCES, HOST_SOURCES, gpu_row, host_row
 
 def filled(n, max_rows=None):
     recorder = Recorder(max_rows)

@@ -8,10 +8,9 @@ import pandas as pd
 from conftest import tiny_data, tiny_model
 from keras_memwatch import MemWatch
 from keras_memwatch.breakdown import memory_breakdown
-from keras_memwatch.detector import DriftEvent
-from keras_memwatch.report import (
-    drift_from_frame, log_sources, spikes_from_frame, summarize)
-from test_breakdown import HOST, MIB, built, dense_model, record, steady
+from keras_memwatch.events import DriftEvent
+from keras_memwatch.report import summarize
+from conftest import HOST, MIB, built, dense_model, record, steady
 
 WORKING = [40, 41, 39, 40, 42, 40, 400, 41, 40, 39, 40, 41, 40, 420, 40, 40]
 SOURCES = {
@@ -105,33 +104,6 @@ def test_many_spikes_are_listed_briefly():
 def test_empty_record():
     frame, spikes = record([])
     assert summarize(frame, spikes) == "keras_memwatch: no samples recorded."
-
-
-# -- a record alone (a streamed log) ----------------------------------------
-
-def test_spikes_from_a_record_equal_the_live_ones():
-    frame, spikes = gpu_record()
-    pd.testing.assert_frame_equal(spikes_from_frame(frame), spikes, check_dtype=False)
-
-
-def test_drift_from_a_record_equals_the_live_one():
-    # In use grows by 2 MiB a step for 80 steps: a leak.
-    readings = [(500 + 2 * i, 540 + 2 * i) for i in range(81)]
-    frame, _, monitor = record(readings, monitor=True)
-    assert monitor.drift_events == []  # MemWatch judges at the epoch's end:
-    monitor.end_epoch(0)
-    (live,) = monitor.drift_events
-    assert drift_from_frame(frame) == [live]
-    device, epoch, event = live
-    assert (device, epoch) == ("GPU:0", 0) and event.growth_bytes > 64 * MIB
-
-
-def test_log_sources_name_the_columns_with_values():
-    frame, _ = gpu_record()
-    notes = log_sources(frame)
-    assert notes["log"] == ("columns with values: allocator_current_bytes, "
-                            "allocator_peak_bytes, allocator_limit_bytes")
-    assert notes["log (empty columns)"].startswith("unavailable: no values for nvml_used_bytes")
 
 
 # -- through MemWatch -------------------------------------------------------

@@ -17,8 +17,6 @@ _REGISTRY: dict[str, str] = {
     "torch": "keras_memwatch.probes.torch:TorchProbe",
 }
 
-PROBE_NAMES: tuple[str, ...] = tuple(_REGISTRY)
-
 ProbeSpec = Union[str, Sequence[Union[str, Probe]]]
 
 
@@ -76,7 +74,6 @@ def resolve_probes(spec: ProbeSpec, backend: str) -> list[Probe]:
 
 
 __all__ = [
-    "PROBE_NAMES",
     "Probe",
     "ProbeUnavailable",
     "auto_probe_names",

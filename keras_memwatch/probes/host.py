@@ -112,8 +112,24 @@ class HostProbe(Probe):
 
     def describe(self) -> str:
         if self.peak_per_sample:
-            return "host: RSS and peak RSS since the previous sample (Linux)"
-        return f"host: RSS; {self._note}"
+            text = "host: RSS and peak RSS since the previous sample (Linux)"
+        else:
+            text = f"host: RSS; {self._note}"
+        return text + _onednn_note()
+
+
+def _onednn_note() -> str:
+    """What TensorFlow's oneDNN CPU allocator hides from host peaks, when on."""
+    keras = sys.modules.get("keras")
+    try:
+        tensorflow = keras is not None and keras.backend.backend() == "tensorflow"
+    except Exception:
+        tensorflow = False
+    if not tensorflow or os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1") == "0":
+        return ""
+    return ("; TensorFlow's oneDNN CPU allocator keeps freed memory, so after "
+            "the first oversized batch host peaks stay flat: set "
+            "TF_ENABLE_ONEDNN_OPTS=0 before importing TensorFlow to see every one")
 
 
 def _vm_hwm(fd: int) -> int:

@@ -1,0 +1,83 @@
+"""The events MemWatch reports: a step that jumped, and memory that drifts."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from keras_memwatch.units import format_bytes
+
+__all__ = ["DriftEvent", "SpikeEvent"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SpikeEvent:
+    """A sample whose step needed far more memory than usual.
+
+    Attributes:
+        step, epoch, batch: where it happened.
+        device: `"GPU:0"`, ..., or `"host"`.
+        peak_bytes: the peak of the step.
+        baseline_bytes: the usual peak at that point (memory in use before
+            the step plus the usual working memory).
+        working_bytes: the step's working memory (peak minus memory in use
+            before it).
+        usual_working_bytes: the rolling baseline of working memory.
+    """
+
+    step: int
+    epoch: int
+    batch: Optional[int]
+    device: str
+    peak_bytes: int
+    baseline_bytes: int
+    working_bytes: int
+    usual_working_bytes: int
+
+    @property
+    def ratio(self) -> float:
+        """How many times the usual working memory this step needed."""
+        return self.working_bytes / max(self.usual_working_bytes, 1)
+
+    @property
+    def message(self) -> str:
+        """The alert line, in human units."""
+        # Against a usual working memory near zero the ratio means little.
+        times = f"{self.ratio:.1f}x" if self.ratio < 100 else "over 100x"
+        return (
+            f"memory spike at epoch {self.epoch} batch {self.batch} on "
+            f"{self.device}: peak {format_bytes(self.peak_bytes)} vs "
+            f"baseline {format_bytes(self.baseline_bytes)} (this step needed "
+            f"{format_bytes(self.working_bytes)}, {times} the usual "
+            f"{format_bytes(self.usual_working_bytes)})"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class DriftEvent:
+    """Steady growth of the baseline: what a memory leak looks like.
+
+    Args:
+        start_bytes: Baseline at the start of the growth, in bytes.
+        end_bytes: Baseline at the end of the growth, in bytes.
+        n_batches: Number of samples with a baseline that the growth spans
+            (batches, when every batch is sampled).
+        n_epochs: Number of epochs the growth spans. Defaults to `1`.
+    """
+
+    start_bytes: float
+    end_bytes: float
+    n_batches: int
+    n_epochs: int = 1
+
+    @property
+    def message(self) -> str:
+        """The event in words, e.g. "baseline grew from 190 MiB to 420 MiB
+        over 300 batches"."""
+        span = f"{self.n_batches} batches"
+        if self.n_epochs > 1:
+            span = f"{self.n_epochs} epochs ({span})"
+        return (
+            f"baseline grew from {format_bytes(self.start_bytes)} "
+            f"to {format_bytes(self.end_bytes)} over {span}"
+        )
