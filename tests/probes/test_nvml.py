@@ -1,4 +1,5 @@
-"""NvmlProbe against a fake pynvml, and against the real one where present."""
+"""NvmlProbe and `visible_totals` against a fake pynvml, and NvmlProbe
+against the real one where present."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from types import SimpleNamespace
 import pytest
 
 from keras_memwatch.probes.base import ProbeUnavailable
-from keras_memwatch.probes.nvml import NvmlProbe
+from keras_memwatch.probes.nvml import NvmlProbe, visible_totals
 
 GiB = 1 << 30
+MiB = 1 << 20
 NOT_AVAILABLE = (1 << 64) - 1
 
 
@@ -22,6 +24,8 @@ class FakeNvml(types.ModuleType):
     class NVMLError(Exception):
         pass
 
+    nvmlMemory_v2 = 0x02000028
+
     def __init__(self, gpus=3, init_error=None):
         super().__init__("pynvml")
         self.gpus = [
@@ -30,6 +34,7 @@ class FakeNvml(types.ModuleType):
                 "name": "NVIDIA H200",
                 "used": (i + 1) * GiB,
                 "total": 141 * GiB,
+                "reserved": 0,  # by the driver, within "total" (NVML v2)
                 "procs": [],
             }
             for i in range(gpus)
@@ -72,10 +77,14 @@ class FakeNvml(types.ModuleType):
     def nvmlDeviceGetName(self, handle):
         return self._device(handle)["name"]
 
-    def nvmlDeviceGetMemoryInfo(self, handle):
+    def nvmlDeviceGetMemoryInfo(self, handle, version=None):
         if handle in self.memory_error:
             raise self.NVMLError("GPU is lost")
         d = self._device(handle)
+        if version:
+            return SimpleNamespace(
+                used=d["used"], total=d["total"], free=0, reserved=d["reserved"]
+            )
         return SimpleNamespace(used=d["used"], total=d["total"], free=0)
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle):
@@ -307,3 +316,55 @@ def test_real_nvml_without_driver_is_unavailable():
     with pytest.raises(ProbeUnavailable, match="NVML could not start"):
         probe.start()
     probe.close()
+
+
+# --------------------------------------------------------------------------
+# visible_totals: the GPUs' total memory, for configure_memory.
+
+
+@pytest.mark.parametrize(
+    "visible, expected",
+    [
+        (None, [10, 20, 30]),
+        ("1", [20]),
+        ("2,0", [30, 10]),
+        ("0,7,1", [10]),  # CUDA stops at the first invalid entry
+        ("1,1", [20]),
+        ("", []),
+        ("-1", []),
+        ("GPU-222", [30]),  # a UUID prefix
+        ("GPU-", []),  # ambiguous prefix: invalid
+    ],
+)
+def test_visible_totals_honour_cuda_visible_devices(
+    nvml, monkeypatch, visible, expected
+):
+    for gpu, size in zip(nvml.gpus, (10, 20, 30)):
+        gpu["total"], gpu["reserved"] = size * GiB + 615 * MiB, 615 * MiB
+    if visible is not None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    view = visible_totals()
+    # NVML's own total includes the driver's reserve; CUDA's does not.
+    assert view.totals == [g * GiB for g in expected]
+    assert (nvml.init_calls, nvml.shutdown_calls) == (1, 1)
+
+
+def test_visible_totals_without_nvml_v2_are_nvml_totals(nvml, monkeypatch):
+    monkeypatch.setattr(nvml, "nvmlMemory_v2", None)  # an older pynvml
+    nvml.gpus[0]["reserved"] = 615 * MiB
+    assert visible_totals().totals == [141 * GiB] * 3
+
+
+def test_visible_totals_when_nvml_is_unavailable(monkeypatch):
+    fake = FakeNvml(init_error="NVML Shared Library Not Found")
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    view = visible_totals()
+    assert view.totals is None
+    assert "NVML Shared Library Not Found" in view.reason
+    assert fake.shutdown_calls == 0  # no shutdown without a successful init
+
+
+def test_visible_totals_without_the_library(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import raises ImportError
+    view = visible_totals()
+    assert view.totals is None and "pip install nvidia-ml-py" in view.reason
