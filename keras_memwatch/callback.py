@@ -19,6 +19,7 @@ from keras_memwatch.derived import main_device, spike_table
 from keras_memwatch.detector import SpikeDetector
 from keras_memwatch.events import SpikeEvent
 from keras_memwatch.probes import resolve_probes
+from keras_memwatch.ranks import hostname, process_index_and_count
 from keras_memwatch.recorder import Recorder
 from keras_memwatch.report import summarize
 from keras_memwatch.sampler import Row, Sampler
@@ -157,6 +158,7 @@ class MemWatch(keras.callbacks.Callback):
             self.memory_config = configure_memory(
                 allow_growth=allow_growth, memory_limit_mb=memory_limit_mb)
         self.log_paths: list[str] = []
+        self.process, self.process_count, self.hostname = 0, 1, ""
         self._sampler = Sampler(self._probes)
         self._recorder = Recorder(self.max_rows)
         self._lock = threading.Lock()
@@ -171,12 +173,16 @@ class MemWatch(keras.callbacks.Callback):
         self._close()
         self._faults = set()
         devices = self._sampler.start()
-        self._recorder.reset(self._sampler.device_columns)
+        self.process, self.process_count = process_index_and_count()
+        self.hostname = hostname()
+        self._recorder.reset(self._sampler.device_columns, self.process,
+                             self.hostname)
         self._monitor = SpikeMonitor(
             devices, self.window, self.threshold, self.min_delta_mb,
             self.warmup, alert=self.verbose > 0)
         if self.log_path is not None:
-            self._log = CsvLog(_free_path(self.log_path, len(self.log_paths)))
+            self._log = CsvLog(_free_path(self.log_path, len(self.log_paths)),
+                               self.process, self.hostname)
             self.log_paths.append(self._log.path)
         self._spe = max(int(getattr(self.model, "steps_per_execution", 1) or 1), 1)
         self._sequence = Sequencer(self._lock)

@@ -9,6 +9,7 @@ from __future__ import annotations
 ALLOCATOR_CURRENT = "allocator_current_bytes"
 ALLOCATOR_PEAK = "allocator_peak_bytes"
 ALLOCATOR_LIMIT = "allocator_limit_bytes"
+ALLOCATOR_RESERVED = "allocator_reserved_bytes"
 NVML_USED = "nvml_used_bytes"
 NVML_TOTAL = "nvml_total_bytes"
 PROCESS = "process_bytes"
@@ -20,6 +21,7 @@ SOURCE_COLUMNS: tuple[str, ...] = (
     ALLOCATOR_CURRENT,
     ALLOCATOR_PEAK,
     ALLOCATOR_LIMIT,
+    ALLOCATOR_RESERVED,
     NVML_USED,
     NVML_TOTAL,
     PROCESS,
@@ -27,12 +29,22 @@ SOURCE_COLUMNS: tuple[str, ...] = (
     HOST_PEAK_RSS,
 )
 
-#: Columns derived per sample from the sources and the detector.
-BYTES_COLUMNS: tuple[str, ...] = (
+PLAN = "plan_bytes"
+
+#: Columns derived per sample from the sources, the detector and (JAX)
+#: XLA's compiled plan of the step.
+DERIVED_COLUMNS: tuple[str, ...] = (
     "peak_bytes",
     "current_bytes",
     "baseline_bytes",
-) + SOURCE_COLUMNS
+    PLAN,
+)
+
+#: Every bytes column, in DataFrame order but for `spike` between them.
+BYTES_COLUMNS: tuple[str, ...] = DERIVED_COLUMNS + SOURCE_COLUMNS
+
+#: Which process of a distributed run wrote a row, and on which machine.
+PROCESS_COLUMNS: tuple[str, ...] = ("process", "hostname")
 
 #: Every DataFrame column, in order.
 COLUMNS: tuple[str, ...] = (
@@ -46,7 +58,8 @@ COLUMNS: tuple[str, ...] = (
     "current_bytes",
     "baseline_bytes",
     "spike",
-) + SOURCE_COLUMNS
+    PLAN,
+) + SOURCE_COLUMNS + PROCESS_COLUMNS
 
 PHASES: tuple[str, ...] = ("train", "test", "predict")
 

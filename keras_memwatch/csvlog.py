@@ -22,7 +22,8 @@ from keras_memwatch.recorder import empty_frame, normalize_dtypes
 PathLike = Union[str, "os.PathLike[str]"]
 
 _HEADER = (",".join(C.COLUMNS) + "\n").encode()
-_BYTES = C.BYTES_COLUMNS[:3] + C.SOURCE_COLUMNS  # order after `spike`
+_BEFORE_SPIKE = C.COLUMNS[C.COLUMNS.index("time_s") + 1:C.COLUMNS.index("spike")]
+_AFTER_SPIKE = C.COLUMNS[C.COLUMNS.index("spike") + 1:-len(C.PROCESS_COLUMNS)]
 
 
 class CsvLog:
@@ -30,13 +31,15 @@ class CsvLog:
 
     Args:
         path: the file to create. It must not exist yet.
+        process, hostname: written on every row. Defaults to `0` and `""`.
 
     Raises:
         FileExistsError: if `path` exists.
     """
 
-    def __init__(self, path: PathLike):
+    def __init__(self, path: PathLike, process: int = 0, hostname: str = ""):
         self.path = os.fspath(path)
+        self._tail = f",{process},{hostname}\n"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
         self._fd: Optional[int] = os.open(self.path, flags, 0o644)
         self._write(_HEADER)
@@ -55,12 +58,11 @@ class CsvLog:
         head = f"{step},{epoch},{'' if batch is None else batch},{phase},"
         lines = []
         for device, row in zip(devices, rows):
-            values = [_cell(row.get(name)) for name in _BYTES]
+            before = ",".join([_cell(row.get(name)) for name in _BEFORE_SPIKE])
+            after = ",".join([_cell(row.get(name)) for name in _AFTER_SPIKE])
             spike = "1" if row.get("spike") else "0"
-            lines.append(
-                f"{head}{device},{time_s:.6f},{values[0]},{values[1]},"
-                f"{values[2]},{spike},{','.join(values[3:])}\n"
-            )
+            lines.append(f"{head}{device},{time_s:.6f},{before},{spike},{after}"
+                         f"{self._tail}")
         self._write("".join(lines).encode())
 
     def _write(self, data: bytes) -> None:

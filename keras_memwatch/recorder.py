@@ -24,7 +24,7 @@ _PHASE_CODE = {p: i for i, p in enumerate(C.PHASES)}
 
 # column -> array typecode
 _META = {"epoch": "i", "batch": "i", "phase": "b", "time_s": "d", "spike": "b"}
-_DERIVED = ("peak_bytes", "current_bytes", "baseline_bytes")
+_DERIVED = C.DERIVED_COLUMNS
 
 
 class _DeviceColumns:
@@ -91,9 +91,17 @@ class Recorder:
         self._lock = threading.Lock()
         self.reset({})
 
-    def reset(self, device_columns: dict[str, tuple[str, ...]]) -> None:
-        """Forgets every row; `device_columns` maps device to its sources."""
+    def reset(self, device_columns: dict[str, tuple[str, ...]],
+              process: int = 0, hostname: str = "") -> None:
+        """Forgets every row.
+
+        Args:
+            device_columns: device -> the source columns its probes fill.
+            process, hostname: which process writes the rows, and where.
+                Defaults to `0` and `""`.
+        """
         with self._lock:
+            self.process, self.hostname = process, hostname
             self.devices = tuple(device_columns)
             self._columns = [
                 _DeviceColumns(device_columns[d], self.max_rows)
@@ -135,8 +143,8 @@ class Recorder:
     def to_dataframe(self) -> pd.DataFrame:
         """Builds the DataFrame: one row per sample per device, by step."""
         with self._lock:
-            frames = [self._device_frame(d, s) for d, s in
-                      zip(self.devices, self._columns)]
+            frames = [self._device_frame(d, s, self.process, self.hostname)
+                      for d, s in zip(self.devices, self._columns)]
         if not frames or not len(frames[0]):
             return empty_frame()
         n = len(frames[0])
@@ -148,7 +156,8 @@ class Recorder:
         return frame
 
     @staticmethod
-    def _device_frame(device: str, store: _DeviceColumns) -> pd.DataFrame:
+    def _device_frame(device: str, store: _DeviceColumns, process: int,
+                      hostname: str) -> pd.DataFrame:
         n = min(store.total, store.max_rows or store.total)
         first = store.total - n
         data: dict[str, object] = {
@@ -161,13 +170,15 @@ class Recorder:
             "device": device,
             "time_s": store.numpy("time_s"),
         }
-        for name in C.COLUMNS[6:]:
+        for name in C.COLUMNS[6:-len(C.PROCESS_COLUMNS)]:
             if name == "spike":
                 data[name] = store.numpy("spike").astype(bool)
             elif name in store.names:
                 data[name] = _nullable(store.numpy(name))
             else:
                 data[name] = _missing(n)
+        data["process"] = np.full(n, process, dtype=np.int64)
+        data["hostname"] = hostname
         return pd.DataFrame(data, columns=list(C.COLUMNS))
 
 
@@ -186,7 +197,11 @@ def empty_frame() -> pd.DataFrame:
 
 
 def normalize_dtypes(frame: pd.DataFrame) -> pd.DataFrame:
-    """Gives a frame read from elsewhere (a CSV log) the recorder's dtypes."""
+    """Gives a frame read from elsewhere (a CSV log) the recorder's dtypes.
+
+    Logs written before a column existed read it as missing, and as process
+    0 on an unknown host.
+    """
     frame = frame.reindex(columns=list(C.COLUMNS))
     out = pd.DataFrame(index=frame.index)
     out["step"] = frame["step"].astype(np.int64)
@@ -196,9 +211,11 @@ def normalize_dtypes(frame: pd.DataFrame) -> pd.DataFrame:
     devices = frame["device"].astype(str)
     out["device"] = pd.Categorical(devices, categories=pd.unique(devices))
     out["time_s"] = frame["time_s"].astype(np.float64)
-    for name in C.BYTES_COLUMNS[:3]:
-        out[name] = frame[name].astype("Int64")
+    for name in C.COLUMNS[6:]:
+        if name in C.BYTES_COLUMNS:
+            out[name] = frame[name].astype("Int64")
     out["spike"] = frame["spike"].astype(bool)
-    for name in C.SOURCE_COLUMNS:
-        out[name] = frame[name].astype("Int64")
-    return out
+    out["process"] = frame["process"].fillna(0).astype(np.int64)
+    hosts = frame["hostname"].astype(object)
+    out["hostname"] = hosts.where(hosts.notna(), "").astype(str)
+    return out[list(C.COLUMNS)]

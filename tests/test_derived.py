@@ -69,4 +69,5 @@ def test_log_sources_name_the_columns_with_values():
     notes = log_sources(frame)
     assert notes["log"] == ("columns with values: allocator_current_bytes, "
                             "allocator_peak_bytes, allocator_limit_bytes")
-    assert notes["log (empty columns)"].startswith("unavailable: no values for nvml_used_bytes")
+    assert notes["log (empty columns)"].startswith(
+        "unavailable: no values for allocator_reserved_bytes, nvml_used_bytes")
