@@ -1,0 +1,67 @@
+"""The user's sample batch, repeated along its first axis to any size."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _as_array(value: Any) -> Any:
+    """`value` as a NumPy array of at least one dimension."""
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        array = value
+    elif hasattr(value, "shape") and hasattr(value, "dtype"):
+        import keras
+
+        array = keras.ops.convert_to_numpy(value)
+    else:
+        array = np.asarray(value)
+    if array.ndim < 1 or array.dtype == object:
+        raise TypeError(
+            "Expected `x` and `y` to be arrays (or nested lists/dicts of arrays) "
+            "holding a sample batch, not a dataset or generator. Received: "
+            f"{type(value).__name__}")
+    return array
+
+
+class Batches:
+    """A sample batch, repeated along axis 0 to any batch size.
+
+    Args:
+        x: the inputs: arrays, or lists/dicts of arrays.
+        y: the matching targets, or `None`.
+
+    Raises:
+        TypeError: for `x` or `y` that are not arrays.
+        ValueError: for arrays of unequal length, or empty ones.
+    """
+
+    def __init__(self, x: Any, y: Any):
+        import keras
+
+        self.x = keras.tree.map_structure(_as_array, x)
+        self.y = None if y is None else keras.tree.map_structure(_as_array, y)
+        leaves = keras.tree.flatten(self.x) + (
+            [] if self.y is None else keras.tree.flatten(self.y))
+        sizes = {int(a.shape[0]) for a in leaves}
+        if len(sizes) != 1 or 0 in sizes:
+            raise ValueError(
+                "Expected every array of `x` and `y` to hold the same, non-zero "
+                f"number of samples. Received: {sorted(sizes)}")
+        self.n = sizes.pop()
+
+    def take(self, size: int) -> tuple[Any, Any]:
+        """`(x, y)` of `size` samples, the sample batch repeated as needed."""
+        import keras
+        import numpy as np
+
+        n = self.n
+
+        def take(a: Any) -> Any:
+            if size <= n:
+                return a[:size]
+            return np.take(a, np.arange(size) % n, axis=0)
+
+        return (keras.tree.map_structure(take, self.x),
+                None if self.y is None else keras.tree.map_structure(take, self.y))

@@ -1,0 +1,198 @@
+"""`CapacityEstimate`: what `estimate_max_batch_size` found, and its text."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, Optional
+
+from keras_memwatch.capacity.fit import predict_batch_size
+from keras_memwatch.units import format_bytes
+
+#: The sources of `CapacityEstimate.limit_source`.
+LIMIT_ALLOCATOR = "GPU allocator limit"
+LIMIT_NVML = "NVML total"
+LIMIT_HOST = "host available memory"
+
+
+@dataclasses.dataclass(frozen=True)
+class CapacityEstimate:
+    """What `estimate_max_batch_size` found.
+
+    Attributes:
+        predicted_batch_size: the largest batch expected to fit under the
+            limit less the headroom, or `None` when no prediction can be
+            trusted (see `explanation`).
+        static_bytes: memory that does not grow with the batch: the memory
+            in use before the steps (weights, optimizer state, the runtime)
+            plus the fitted constant part of a step; `None` without a fit.
+        per_sample_bytes: the fitted working memory of one more sample.
+        limit_bytes: the device limit, or `None` when none is known.
+        limit_source: `"GPU allocator limit"`, `"NVML total"`, `"host
+            available memory"`, or `""`.
+        measurements: `(batch_size, working_bytes)` for each size that was
+            measured, in the order tried.
+        residual: the largest distance of a measurement from the line, as
+            a fraction of the largest measurement.
+        explanation: one line saying how the prediction was made, or why
+            there is none.
+        headroom: the fraction of the limit kept free.
+        in_use_bytes: memory in use before the steps.
+        step_static_bytes: the fitted constant part of a step's working
+            memory (`static_bytes - in_use_bytes`).
+        r_squared: the fit's coefficient of determination.
+        fit_batch_sizes: the sizes the line was fitted to.
+        device: `"GPU:0"`, ... or `"host"`.
+        backend: the Keras backend.
+        method: `"xla"`, `"reserved"` or `"probes"` (see `keras_memwatch.capacity`).
+        measured_by: what the working memory was read from, in words.
+        limit_detail: where the limit comes from, in words.
+        ceiling_batch_size: method `"xla"` only: the largest batch whose
+            compiled step fits the whole limit (no headroom). XLA fits a
+            step it would otherwise not by recomputing activations, so this
+            can be well above what the line says (slower steps).
+        checked: `(batch_size, working_bytes)` of XLA's compiled plan at
+            each size checked after the fit (method `"xla"`), in order.
+    """
+
+    predicted_batch_size: Optional[int]
+    static_bytes: Optional[int]
+    per_sample_bytes: Optional[float]
+    limit_bytes: Optional[int]
+    limit_source: str
+    measurements: tuple[tuple[int, int], ...]
+    residual: Optional[float]
+    explanation: str
+    headroom: float = 0.1
+    in_use_bytes: Optional[int] = None
+    step_static_bytes: Optional[int] = None
+    r_squared: Optional[float] = None
+    fit_batch_sizes: tuple[int, ...] = ()
+    device: str = ""
+    backend: str = ""
+    method: str = ""
+    measured_by: str = ""
+    limit_detail: str = ""
+    ceiling_batch_size: Optional[int] = None
+    checked: tuple[tuple[int, int], ...] = ()
+
+    def batch_size_for(self, headroom: float) -> Optional[int]:
+        """The fitted line's prediction for another headroom.
+
+        Where XLA's compiled plans were checked, the line does not know
+        that XLA recomputes activations near the limit: see
+        `ceiling_batch_size`.
+
+        Args:
+            headroom: fraction of the limit to keep free, in [0, 1).
+
+        Returns:
+            The largest batch size, or `None` when this estimate has none.
+
+        Raises:
+            ValueError: for `headroom` outside [0, 1).
+        """
+        check_headroom(headroom)
+        if (self.predicted_batch_size is None or self.limit_bytes is None
+                or self.static_bytes is None or not self.per_sample_bytes):
+            return None
+        return predict_batch_size(self.limit_bytes, headroom, self.static_bytes,
+                                  self.per_sample_bytes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, as JSON-ready values (`None` for NaN)."""
+        out = dataclasses.asdict(self)
+        for key, value in out.items():
+            if isinstance(value, tuple):
+                out[key] = [list(v) if isinstance(v, tuple) else v for v in value]
+            elif isinstance(value, float) and value != value:
+                out[key] = None
+        return out
+
+    def to_dataframe(self) -> Any:
+        """The measurements as a `pandas.DataFrame`.
+
+        Returns:
+            A frame of `batch_size`, `working_bytes`, `fitted_bytes` (the
+            line) and `in_fit`.
+        """
+        import pandas as pd
+
+        frame = pd.DataFrame(list(self.measurements),
+                             columns=["batch_size", "working_bytes"])
+        if self.per_sample_bytes is not None and self.step_static_bytes is not None:
+            frame["fitted_bytes"] = (self.step_static_bytes
+                                     + self.per_sample_bytes * frame["batch_size"])
+        else:
+            frame["fitted_bytes"] = float("nan")
+        frame["in_fit"] = frame["batch_size"].isin(self.fit_batch_sizes)
+        return frame
+
+    def __str__(self) -> str:
+        head = ("Largest batch that fits: "
+                + ("none predicted" if self.predicted_batch_size is None
+                   else str(self.predicted_batch_size))
+                + f" ({self.device}, {self.backend}, {self.measured_by})")
+        lines = [head]
+        if self.limit_bytes is not None:
+            lines.append(
+                f"  limit:      {format_bytes(self.limit_bytes)} "
+                f"({self.limit_source}), "
+                f"less {self.headroom:.0%} headroom: "
+                f"{format_bytes(self.limit_bytes * (1 - self.headroom))}")
+        if self.static_bytes is not None:
+            lines.append(
+                f"  static:     {format_bytes(self.static_bytes)} (in use before "
+                f"the steps {format_bytes(self.in_use_bytes)} "
+                f"{signed_bytes(self.step_static_bytes or 0)} constant part of a "
+                "step)")
+        per_sample = self.per_sample_bytes
+        if per_sample is not None and per_sample == per_sample:
+            lines.append(f"  per sample: {format_bytes(self.per_sample_bytes)}")
+        if self.residual is not None and self.residual == self.residual:
+            lines.append(
+                f"  fit:        within {self.residual:.1%} of the largest "
+                f"measurement (R^2 {self.r_squared:.5f}) at batch sizes "
+                f"{sizes_text(self.fit_batch_sizes)}")
+        lines.append("  measured:   batch  working memory")
+        fitted = set(self.fit_batch_sizes)
+        for batch, working in self.measurements:
+            mark = "" if batch in fitted else "  (not in the fit)"
+            lines.append(f"              {batch:>5}  {format_bytes(working):>10}{mark}")
+        if self.ceiling_batch_size is not None:
+            lines.append(f"  ceiling:    batch {self.ceiling_batch_size} without "
+                         "headroom (XLA's compiled plan)")
+        if self.checked:
+            lines.append("  compiled:   batch  working memory (XLA's plan, not run)")
+            for batch, working in self.checked:
+                lines.append(f"              {batch:>5}  {format_bytes(working):>10}")
+        lines.append(f"  {self.explanation}")
+        return "\n".join(lines)
+
+
+def check_headroom(headroom: float) -> None:
+    """Raises `ValueError` unless `headroom` is a fraction in [0, 1)."""
+    if (isinstance(headroom, bool) or not isinstance(headroom, (int, float))
+            or not 0 <= headroom < 1):
+        raise ValueError(
+            "Expected `headroom` to be a fraction in [0, 1). Received: "
+            f"headroom={headroom!r}")
+
+
+def signed_bytes(n: float) -> str:
+    """`+ 1.2 MiB` or `- 1.2 MiB`."""
+    return f"{'-' if n < 0 else '+'} {format_bytes(abs(n))}"
+
+
+def sizes_text(sizes: Sequence[int]) -> str:
+    """Batch sizes as `"2, 4, 8"`, or `"none"`.
+
+    Args:
+        sizes: the batch sizes.
+
+    Returns:
+        The sizes, comma-separated, or `"none"` when there are none.
+    """
+    if not sizes:
+        return "none"
+    return ", ".join(str(s) for s in sizes)

@@ -1,0 +1,76 @@
+"""The ladder: the sizes it tries, and where it stops."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+from capacity_helpers import BACKEND, GIB, MIB, simulate_gpu, tiny
+from keras_memwatch.capacity import estimate_max_batch_size
+from keras_memwatch.capacity.ladder import MAX_TRIALS, MIN_POINTS, next_size
+
+
+@pytest.fixture
+def simulated(monkeypatch):
+    """Puts a simulated GPU under a model (see `simulate_gpu`)."""
+    return functools.partial(simulate_gpu, monkeypatch)
+
+
+def test_default_ladder_stays_far_below_the_limit(simulated):
+    model, x, y = tiny()
+    simulated(model, name=BACKEND, per_sample=20 * MIB)
+    estimate = estimate_max_batch_size(model, x, y, method="probes")
+    sizes = [b for b, _ in estimate.measurements]
+    assert sizes == sorted(sizes) and sizes[0] == 2 and len(sizes) >= 4
+    free = 16 * GIB * 0.9 - GIB
+    largest = max(w for _, w in estimate.measurements)
+    assert 0.05 * free <= largest <= 0.2 * free
+    assert estimate.predicted_batch_size == int((free - 64 * MIB) // (20 * MIB))
+
+
+def test_out_of_memory_in_the_ladder_stops_it_and_the_model_is_kept(simulated):
+    model, x, y = tiny()
+    gpu = simulated(model, name=BACKEND)
+    before = [v.numpy().copy() for v in model.variables]
+    stepper = model.train_on_batch
+
+    class ResourceExhaustedError(RuntimeError):
+        pass
+
+    def failing(x, y=None, **kw):
+        if len(x) >= 32:
+            raise ResourceExhaustedError("OOM when allocating tensor")
+        return stepper(x, y, **kw)
+
+    model.train_on_batch = failing
+    estimate = estimate_max_batch_size(model, x, y, trial_sizes=(2, 4, 8, 16, 32, 64),
+                                       method="probes")
+    assert [b for b, _ in estimate.measurements] == [2, 4, 8, 16]
+    assert "batch 32 ran out of memory" in estimate.explanation
+    assert estimate.predicted_batch_size is not None
+    assert gpu.batches[-1] == 16
+    for v, saved in zip(model.variables, before):
+        np.testing.assert_array_equal(v.numpy(), saved)
+
+
+def test_default_ladder_on_a_tiny_model_terminates_and_explains():
+    model, x, y = tiny()
+    before_build = model.optimizer.built
+    estimate = estimate_max_batch_size(model, x, y)
+    sizes = [b for b, _ in estimate.measurements]
+    assert sizes == sorted(sizes) and len(sizes) <= 12 and max(sizes) <= 2**16
+    assert model.optimizer.built or before_build
+    # A tiny model's steps hardly move the host's RSS: no trustworthy line.
+    if estimate.predicted_batch_size is None:
+        assert estimate.explanation.startswith("No prediction on host")
+
+
+def test_next_size_without_a_limit_doubles_up_to_the_minimum():
+    assert next_size(2, [], None, None, 1) == 4
+    assert next_size(8, [], None, None, MIN_POINTS) is None
+
+
+def test_next_size_stops_after_the_most_trials():
+    assert next_size(2, [], MIB, 10 * GIB, MAX_TRIALS) is None
