@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from keras_memwatch import options
+from keras_memwatch import columns as C
 from keras_memwatch.columns import HOST_DEVICE
 from keras_memwatch.derived import limit_of, working_memory_of
 from keras_memwatch.units import format_bytes
@@ -123,21 +124,13 @@ def _max(values: pd.Series) -> Optional[int]:
 def step_peaks(rows: pd.DataFrame) -> bool:
     """Whether a device's `peak_bytes` is a peak per step.
 
-    It is when `peak_bytes` follows the source's peak column everywhere.
-    Where the source only has a process-lifetime high-water mark (JAX, or a
-    host whose peak RSS cannot be reset), `peak_bytes` is that mark only
-    where it rose since the previous sample, and the memory in use
-    elsewhere, below the mark.
+    It is when every training step with a reading has a peak: a per-step
+    source, or XLA's plan (JAX). Where the source only has a process-lifetime
+    high-water mark, `peak_bytes` is known only at the steps that raised it.
     """
-    source = _source_peak(rows)
-    both = pd.DataFrame({"source": source, "peak": rows["peak_bytes"]}).dropna()
-    if both.empty:
-        return False
-    return not bool((both["source"] > both["peak"]).any())
-
-
-def _source_peak(rows: pd.DataFrame) -> pd.Series:
-    return rows["allocator_peak_bytes"].fillna(rows["host_peak_rss_bytes"])
+    steps = rows[(rows["phase"] == "train") & rows["batch"].notna()]
+    read = steps["current_bytes"].notna()
+    return bool(read.any() and steps.loc[read, "peak_bytes"].notna().all())
 
 
 def device_memory(frame: pd.DataFrame) -> dict[str, dict[str, Any]]:
@@ -153,7 +146,8 @@ def device_memory(frame: pd.DataFrame) -> dict[str, dict[str, Any]]:
         `limit_bytes` (allocator limit, else the device's total),
         `transient_bytes` (median working memory of a step),
         `transient_max_bytes` and `transient_max_at` (`(epoch, batch)`),
-        and `transient_source`: `"per-step peak"`; `"high-water mark"`
+        and `transient_source`: `"per-step peak"`; `"XLA plan"` (JAX: the
+        working part of each step's compiled plan); `"high-water mark"`
         (the device has no per-step peak, only a process-lifetime peak:
         the largest working memory is known from the steps that raised
         it, the typical one is not); or `None` (no peak at all).
@@ -177,15 +171,15 @@ def device_memory(frame: pd.DataFrame) -> dict[str, dict[str, Any]]:
             "transient_max_at": None,
             "transient_source": None,
         }
+        known = working.dropna()
         if step_peaks(rows):
-            known, source = working.dropna(), "per-step peak"
+            source = "XLA plan" if steps[C.PLAN].notna().all() else "per-step peak"
             if not known.empty:
                 info["transient_bytes"] = int(known.median())
         else:
             # Only the steps that raised the high-water mark had their peak
             # seen; the others' peak is unknown.
-            rose = (peak == _source_peak(steps)).fillna(False).astype(bool)
-            known, source = working[rose].dropna(), "high-water mark"
+            source = "high-water mark"
         if not known.empty:
             worst = known.idxmax()
             info.update(
@@ -334,7 +328,7 @@ def format_breakdown(breakdown: Mapping[str, Any]) -> str:
                 f"  = static:             {format_bytes(b['static_bytes'])}")
     device = b.get("device")
     if device is not None:
-        if b.get("transient_source") == "per-step peak":
+        if b.get("transient_source") in ("per-step peak", "XLA plan"):
             at = b["transient_max_at"]
             lines.append(
                 f"  step working memory:  {format_bytes(b['transient_bytes'])} "
@@ -342,7 +336,9 @@ def format_breakdown(breakdown: Mapping[str, Any]) -> str:
                 f"at most (epoch {at[0]} batch {at[1]})")
             lines.append(
                 "                        (activations, gradients and workspaces: "
-                "a step's peak minus the memory in use before it)")
+                + ("XLA's plan of the step beyond the training state)"
+                   if b["transient_source"] == "XLA plan" else
+                   "a step's peak minus the memory in use before it)"))
             if b.get("transient_per_sample_bytes") is not None:
                 lines.append(
                     f"  per sample:           "

@@ -21,6 +21,7 @@ from typing import Any, Optional
 import pandas as pd
 
 from keras_memwatch import columns as C
+from keras_memwatch.units import MIB, format_bytes
 
 #: The sources of a device's limit, best first.
 LIMIT_SOURCES = (C.ALLOCATOR_LIMIT, C.NVML_TOTAL)
@@ -46,6 +47,27 @@ def working_memory_of(rows: pd.DataFrame) -> pd.Series:
     """`working_memory` of each of one device's rows, in step order
     (missing where the peak or the memory before is)."""
     return (rows["peak_bytes"] - in_use_before(rows)).clip(lower=0)
+
+
+#: Below this usual working memory a multiple of it means nothing.
+NEAR_ZERO_BYTES = MIB
+#: At or above this multiple, the bytes say more than the multiple.
+MAX_SHOWN_RATIO = 100
+
+
+def ratio(working: float, usual: float) -> float:
+    """A step's working memory as a multiple of the usual one; NaN where the
+    usual is near zero (under 1 MiB), where a multiple means nothing."""
+    return working / usual if usual >= NEAR_ZERO_BYTES else float("nan")
+
+
+def against_usual(working: float, usual: float) -> str:
+    """"3.2x the usual 40 MiB", or "against a usual 10 KiB" where a multiple
+    would be near-infinite or over 100x."""
+    times = ratio(working, usual)
+    if times < MAX_SHOWN_RATIO:  # False for NaN
+        return f"{times:.1f}x the usual {format_bytes(usual)}"
+    return f"against a usual {format_bytes(usual)}"
 
 
 def device_limit(row: Mapping[str, Any]) -> tuple[Optional[int], Optional[str]]:
@@ -103,8 +125,9 @@ def spikes_from_frame(frame: pd.DataFrame) -> pd.DataFrame:
             continue
         hit["working_bytes"] = working_memory_of(rows)[hit.index]
         hit["usual_working_bytes"] = hit["baseline_bytes"] - before[hit.index]
-        hit["ratio"] = (hit["working_bytes"].astype("float64")
-                        / hit["usual_working_bytes"].astype("float64").clip(lower=1))
+        hit["ratio"] = [ratio(w, u) for w, u in
+                        zip(hit["working_bytes"].astype("float64"),
+                            hit["usual_working_bytes"].astype("float64"))]
         parts.append(hit)
     if not parts:
         return pd.DataFrame(columns=list(SPIKE_COLUMNS))
@@ -116,7 +139,7 @@ def spikes_from_frame(frame: pd.DataFrame) -> pd.DataFrame:
 def drift_from_frame(frame: pd.DataFrame, window: int = 50,
                      min_delta_mb: float = 64) -> list[tuple]:
     """Replays drift detection over a record, as MemWatch ran it: on the
-    rolling median of the memory in use after each judged step.
+    rolling median of the memory in use after each training step.
 
     Args:
         frame: a record, e.g. `load_log(path)`.
@@ -127,22 +150,35 @@ def drift_from_frame(frame: pd.DataFrame, window: int = 50,
     Returns:
         `(device, epoch, DriftEvent)` tuples.
     """
+    return _replay_drift(frame, window, min_delta_mb)[0]
+
+
+def rises_from_frame(frame: pd.DataFrame, window: int = 50,
+                     min_delta_mb: float = 64) -> list[tuple]:
+    """The one-off rises (not leaks) that `drift_from_frame` sets apart:
+    `(device, epoch, RiseEvent)` tuples."""
+    return _replay_drift(frame, window, min_delta_mb)[1]
+
+
+def _replay_drift(frame: pd.DataFrame, window: int,
+                  min_delta_mb: float) -> tuple[list[tuple], list[tuple]]:
     from keras_memwatch.detector import DriftMonitor
 
-    events = []
+    drift, rises = [], []
     for device, rows in frame.groupby("device", observed=True, sort=False):
         rows = rows.sort_values("step")
         monitor = DriftMonitor(min_delta_mb, smooth=window)
         judged = ((rows["phase"] == "train") & rows["batch"].notna()
-                  & in_use_before(rows).notna() & rows["peak_bytes"].notna()
                   & rows["current_bytes"].notna())
         for epoch in sorted(rows["epoch"].unique()):
             for current in rows.loc[judged & (rows["epoch"] == epoch), "current_bytes"]:
                 monitor.update(float(current))
+            seen = len(monitor.rises)
             event = monitor.end_epoch()
+            rises.extend((str(device), int(epoch), r) for r in monitor.rises[seen:])
             if event is not None:
-                events.append((str(device), int(epoch), event))
-    return events
+                drift.append((str(device), int(epoch), event))
+    return drift, rises
 
 
 def log_sources(frame: pd.DataFrame) -> dict[str, str]:

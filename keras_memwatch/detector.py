@@ -15,7 +15,7 @@ from collections import deque
 from typing import Optional
 
 from keras_memwatch import options
-from keras_memwatch.events import DriftEvent
+from keras_memwatch.events import DriftEvent, RiseEvent
 from keras_memwatch.units import MIB
 
 __all__ = ["DriftMonitor", "SpikeDetector"]
@@ -200,10 +200,7 @@ class SpikeDetector:
         baseline = ordered[m] if n & 1 else (ordered[m - 1] + ordered[m]) / 2
         self._baseline = baseline
 
-        if (
-            value_bytes > baseline * self._threshold
-            and value_bytes > baseline + self._min_delta
-        ):
+        if self.exceeds(value_bytes, baseline):
             run = self._run
             run.append(value_bytes)
             if value_bytes < self._run_floor:
@@ -232,6 +229,12 @@ class SpikeDetector:
                 self._run_floor = _INF
         return False
 
+    def exceeds(self, value_bytes: float, baseline_bytes: float) -> bool:
+        """Whether a value is a spike against a baseline, by this detector's
+        `threshold` and `min_delta_mb`."""
+        return (value_bytes > baseline_bytes * self._threshold
+                and value_bytes > baseline_bytes + self._min_delta)
+
     def _push(self, value: float) -> None:
         values = self._values
         ordered = self._sorted
@@ -247,7 +250,7 @@ class SpikeDetector:
         ordered = sorted(recent)
         median = _median(ordered)
         top = ordered[-1]
-        if top <= median * self._threshold or top <= median + self._min_delta:
+        if not self.exceeds(top, median):
             seed = recent
         elif len(run) >= self._window_size:
             seed = run[-self._window_size :]
@@ -299,8 +302,10 @@ class DriftMonitor:
     is both large and steady; one rule is used at both scales:
 
     - within the epoch: the baseline grew by more than `min_delta_mb` MiB
-      from the epoch's first baseline to its last, and no single step
-      between consecutive samples makes up more than half of that growth;
+      from the epoch's first baseline to its last, it grew in each quarter
+      of the epoch by at least an eighth of that growth, and no quarter and
+      no single step between consecutive samples makes up more than half
+      of it (an epoch needs at least 8 samples to be judged alone);
     - across epochs (checked when the epoch alone is not a leak): over the
       last 3 epochs the baseline rose in each of them (the first one from
       its start to its end, then from one epoch's end to the next), the
@@ -308,9 +313,11 @@ class DriftMonitor:
       more than half of it.
 
     So one jump to a new level, say from a new input shape, is not a leak,
-    even when it stays; the same jump repeated epoch after epoch is. Slow
-    growth under `min_delta_mb` per epoch is caught once it adds up over 3
-    epochs. While a leak goes on, it is reported once per epoch.
+    even when it stays, nor is the ramp a rolling median makes of it; it is
+    kept in `rises` (a `RiseEvent`) instead. The same jump repeated epoch
+    after epoch is a leak. Slow growth under `min_delta_mb` per epoch is
+    caught once it adds up over 3 epochs. While a leak goes on, it is
+    reported once per epoch.
 
     Args:
         min_delta_mb: Growth, in MiB, that a leak exceeds. Defaults to `64`.
@@ -347,14 +354,12 @@ class DriftMonitor:
         return self._min_delta_mb
 
     def _start_epoch(self) -> None:
-        self._first: Optional[float] = None
-        self._last: Optional[float] = None
-        self._count = 0
-        self._max_rise = 0.0
+        self._values: list[float] = []
 
     def reset(self) -> None:
         """Forgets the current epoch and the epochs before it."""
         self._history.clear()
+        self.rises: list[RiseEvent] = []
         self._level = None if self._smooth is None else RollingMedian(self._smooth)
         self._start_epoch()
 
@@ -369,13 +374,7 @@ class DriftMonitor:
             return
         if self._level is not None:
             baseline_bytes = self._level.push(baseline_bytes)
-        last = self._last
-        if last is None:
-            self._first = baseline_bytes
-        elif baseline_bytes - last > self._max_rise:
-            self._max_rise = baseline_bytes - last
-        self._last = baseline_bytes
-        self._count += 1
+        self._values.append(baseline_bytes)
 
     def end_epoch(self) -> Optional[DriftEvent]:
         """Closes the epoch and says whether the baseline drifted.
@@ -383,22 +382,21 @@ class DriftMonitor:
         Returns:
             A `DriftEvent` when the baseline grew steadily within this
             epoch, or else over the last 3 epochs; None otherwise, and for
-            an epoch that had no baseline at all.
+            an epoch that had no baseline at all. A one-off rise of the
+            epoch is added to `rises`.
         """
-        first, last, count, max_rise = (
-            self._first,
-            self._last,
-            self._count,
-            self._max_rise,
-        )
+        values = self._values
         self._start_epoch()
-        if first is None or last is None:
+        if not values:
             return None
-        self._history.append((first, last, count))
+        first, last = values[0], values[-1]
+        self._history.append((first, last, len(values)))
 
         growth = last - first
-        if growth > self._min_delta and max_rise <= growth / 2:
-            return DriftEvent(first, last, count)
+        if growth > self._min_delta:
+            if _steady(values, growth):
+                return DriftEvent(first, last, len(values))
+            self.rises.append(RiseEvent(first, last, len(values)))
 
         if len(self._history) < self.EPOCHS:
             return None
@@ -415,3 +413,15 @@ class DriftMonitor:
                 n_epochs=len(epochs),
             )
         return None
+
+
+def _steady(values: list[float], growth: float) -> bool:
+    """Whether `growth` of `values` is spread over the whole series."""
+    n = len(values)
+    if n < 8:
+        return False
+    steps = max(b - a for a, b in zip(values, values[1:]))
+    ends = [values[round(k * (n - 1) / 4)] for k in range(5)]
+    quarters = [b - a for a, b in zip(ends, ends[1:])]
+    return (steps <= growth / 2 and max(quarters) <= growth / 2
+            and min(quarters) >= growth / 8)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from keras_memwatch.derived import against_usual, ratio
 from keras_memwatch.units import format_bytes
 
-__all__ = ["DriftEvent", "SpikeEvent"]
+__all__ = ["DriftEvent", "RiseEvent", "SpikeEvent"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,20 +37,19 @@ class SpikeEvent:
 
     @property
     def ratio(self) -> float:
-        """How many times the usual working memory this step needed."""
-        return self.working_bytes / max(self.usual_working_bytes, 1)
+        """How many times the usual working memory this step needed (NaN
+        where the usual is near zero)."""
+        return ratio(self.working_bytes, self.usual_working_bytes)
 
     @property
     def message(self) -> str:
         """The alert line, in human units."""
-        # Against a usual working memory near zero the ratio means little.
-        times = f"{self.ratio:.1f}x" if self.ratio < 100 else "over 100x"
         return (
             f"memory spike at epoch {self.epoch} batch {self.batch} on "
             f"{self.device}: peak {format_bytes(self.peak_bytes)} vs "
             f"baseline {format_bytes(self.baseline_bytes)} (this step needed "
-            f"{format_bytes(self.working_bytes)}, {times} the usual "
-            f"{format_bytes(self.usual_working_bytes)})"
+            f"{format_bytes(self.working_bytes)}, "
+            f"{against_usual(self.working_bytes, self.usual_working_bytes)})"
         )
 
 
@@ -81,3 +81,25 @@ class DriftEvent:
             f"baseline grew from {format_bytes(self.start_bytes)} "
             f"to {format_bytes(self.end_bytes)} over {span}"
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class RiseEvent:
+    """One rise of the memory in use that then stayed: a new input shape
+    compiled, a cache filled once. Not a leak.
+
+    Args:
+        start_bytes: In use at the start of the epoch, in bytes.
+        end_bytes: In use at its end, in bytes.
+        n_batches: Number of samples of the epoch.
+    """
+
+    start_bytes: float
+    end_bytes: float
+    n_batches: int
+
+    @property
+    def message(self) -> str:
+        """The event in words."""
+        return (f"in use rose from {format_bytes(self.start_bytes)} to "
+                f"{format_bytes(self.end_bytes)} at once, then stayed")

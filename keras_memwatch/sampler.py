@@ -2,10 +2,13 @@
 
 The sampler turns the probes' readings into one row per device: a dict of
 source columns plus `current_bytes` and `peak_bytes`, the best value each
-sample has. Where no peak since the previous sample can be known, `peak_bytes`
-falls back to `current_bytes`. A probe that raises, returns garbage or is too slow gives missing values, is
-reported once per fit, and is switched off after `max_failures` failures in
-a row; nothing it does escapes `sample()`.
+sample has. Where no peak since the previous sample can be known,
+`peak_bytes` is missing: the memory in use at a batch's end is not a peak (on
+an asynchronous backend it jitters by the step in flight), and judging it
+would raise alarms that no source backs. A probe that raises, returns
+garbage or is too slow gives missing values, is reported once per fit, and
+is switched off after `max_failures` failures in a row; nothing it does
+escapes `sample()`.
 """
 
 from __future__ import annotations
@@ -47,6 +50,10 @@ class Sampler:
         self.slow_s = slow_s
         self.devices: tuple[str, ...] = ()
         self.device_columns: dict[str, tuple[str, ...]] = {}
+        #: Per device: whether a source resets its peak at every sample.
+        self.per_step_peak: tuple[bool, ...] = ()
+        #: Per device: the source column of its peak, or None.
+        self.peak_columns: tuple[Optional[str], ...] = ()
         self.notes: dict[str, str] = {}
         self._active: list[tuple[Probe, list[int]]] = []
         self._failures: dict[str, int] = {}
@@ -95,6 +102,8 @@ class Sampler:
         self.devices = tuple(devices)
         self.device_columns = {d: tuple(columns[d]) for d in devices}
         self._peak_column = [peak_column.get(d) for d in devices]
+        self.per_step_peak = tuple(bool(p and p[1]) for p in self._peak_column)
+        self.peak_columns = tuple(p[0] if p else None for p in self._peak_column)
         self._high_water = [None] * len(devices)
         self._current_columns = [
             _HOST_CURRENT if d == C.HOST_DEVICE else _GPU_CURRENT
@@ -141,7 +150,7 @@ class Sampler:
                 if current is not None:
                     break
             peak = self._peak(i, row)
-            if peak is None or (current is not None and peak < current):
+            if peak is not None and current is not None and peak < current:
                 peak = current
             row["current_bytes"] = current
             row["peak_bytes"] = peak

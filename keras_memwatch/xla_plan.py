@@ -17,11 +17,10 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Optional
 
-def jitted_train_step(model: Any) -> Any:
-    """The jitted train step Keras runs, else an equal one (same cache)."""
-    import jax
 
-    function = getattr(model, "train_function", None)
+def jitted_step(function: Any) -> Optional[Any]:
+    """The jitted step inside a Keras step function (`model.train_function`),
+    or None where there is none (eager, or Keras internals moved)."""
     for cell in getattr(function, "__closure__", None) or ():
         try:
             candidate = cell.cell_contents
@@ -29,7 +28,51 @@ def jitted_train_step(model: Any) -> Any:
             continue
         if hasattr(candidate, "lower"):
             return candidate
-    return jax.jit(model.train_step, donate_argnums=0)
+    return None
+
+
+def jitted_train_step(model: Any) -> Any:
+    """The jitted train step Keras runs, else an equal one (same cache)."""
+    import jax
+
+    found = jitted_step(getattr(model, "train_function", None))
+    return found if found is not None else jax.jit(model.train_step, donate_argnums=0)
+
+
+def planned_bytes(compiled: Any) -> int:
+    """Device bytes a compiled program needs: arguments + outputs - aliased
+    (donated) + temporaries, per device.
+
+    Raises:
+        RuntimeError: when XLA gives no memory analysis.
+    """
+    analysis = compiled.memory_analysis()
+    if analysis is None:
+        raise RuntimeError("XLA gives no memory analysis for this compiled step")
+    return int(analysis.argument_size_in_bytes + analysis.output_size_in_bytes
+               - analysis.alias_size_in_bytes + analysis.temp_size_in_bytes)
+
+
+def device_bytes(array: Any) -> int:
+    """Bytes of one device's shard of an array (or `ShapeDtypeStruct`)."""
+    shape = tuple(array.shape)
+    sharding = getattr(array, "sharding", None)
+    if sharding is not None:
+        shape = tuple(sharding.shard_shape(shape))
+    return math.prod(shape) * array.dtype.itemsize
+
+
+def abstract(tree: Any) -> Any:
+    """`tree` with each array replaced by its shape, dtype and sharding."""
+    import jax
+
+    def spec(a: Any) -> Any:
+        if a is None or not hasattr(a, "shape"):
+            return a
+        return jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                    sharding=getattr(a, "sharding", None))
+
+    return jax.tree_util.tree_map(spec, tree)
 
 
 def batch_spec(batch: tuple[Any, Any], size: int) -> tuple[Any, Any, None]:
@@ -75,11 +118,7 @@ def working_bytes(model: Any, batch: tuple[Any, Any], size: int) -> int:
         [v.value for v in model.metrics_variables],
     )
     compiled = jitted_train_step(model).lower(state, batch_spec(batch, size)).compile()
-    analysis = compiled.memory_analysis()
-    if analysis is None:
-        raise RuntimeError("XLA gives no memory analysis for this compiled step")
-    plan = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
-            - analysis.alias_size_in_bytes + analysis.temp_size_in_bytes)
+    plan = planned_bytes(compiled)
     state_bytes = sum(int(leaf.nbytes) for leaf in jax.tree_util.tree_leaves(state))
     # Keras's JAX trainer sends the next batch to an accelerator while a
     # step runs (`_one_batch_ahead_iterator`; not on the CPU).

@@ -138,8 +138,8 @@ def record(readings, device="GPU:0", sources=GPU, limit=16 * GIB,
         readings: `(current_mib, peak_mib)` per sample; the first is the
             train-begin sample, then one per batch.
         per_step_peak: False to act like JAX: the source's peak is a
-            process-lifetime high-water mark and `peak_bytes` falls back to
-            the memory in use.
+            process-lifetime high-water mark, a step's peak only where it
+            rose (missing elsewhere).
         epoch_of, phase_of: functions of the batch number.
         monitor: also return the `SpikeMonitor`.
 
@@ -151,7 +151,9 @@ def record(readings, device="GPU:0", sources=GPU, limit=16 * GIB,
     phase_of = phase_of or (lambda i: "train")
     options = dict(window=50, threshold=1.5, min_delta_mb=64, warmup=5)
     options.update(detector)
-    judge = SpikeMonitor((device,), alert=False, **options)
+    peak_column = C.ALLOCATOR_PEAK if sources == GPU else C.HOST_PEAK_RSS
+    judge = SpikeMonitor((device,), alert=False, per_step_peak=[per_step_peak],
+                         peak_columns=[peak_column], **options)
     recorder = Recorder()
     recorder.reset({device: sources})
     high_water = last_mark = None
@@ -167,7 +169,7 @@ def record(readings, device="GPU:0", sources=GPU, limit=16 * GIB,
         # As the sampler does: a high-water mark is a step's peak only
         # where it rose since the previous sample.
         rose = last_mark is not None and high_water > last_mark
-        row["peak_bytes"] = peak if per_step_peak or rose else current
+        row["peak_bytes"] = peak if per_step_peak or rose else None
         batch = None if step == 0 else step - 1
         epoch = 0 if step == 0 else epoch_of(batch)
         phase = "train" if step == 0 else phase_of(batch)

@@ -46,21 +46,23 @@ def test_rows_merge_probes_of_the_same_device(fake_probe_cls):
         C.NVML_USED, C.NVML_TOTAL, C.PROCESS)
 
 
-def test_without_per_sample_peak_the_peak_falls_back_to_current(fake_probe_cls):
+def test_without_a_per_sample_peak_the_peak_is_missing_not_the_current(fake_probe_cls):
     probe = fake_probe_cls([(1000, 9000)])
     probe.peak_per_sample = False  # a high-water mark, as JAX gives
     sampler = Sampler([probe])
     sampler.start()
+    assert sampler.per_step_peak == (False,)
     (row,) = sampler.sample()
     assert row[C.ALLOCATOR_PEAK] == 9000  # recorded as is
-    assert row["peak_bytes"] == 1000
+    assert row["current_bytes"] == 1000 and row["peak_bytes"] is None
 
 
 def test_nvml_process_bytes_stand_in_when_no_allocator():
     sampler = Sampler([Nvml()])
     sampler.start()
     (row,) = sampler.sample()
-    assert row["current_bytes"] == row["peak_bytes"] == 3000
+    assert row["current_bytes"] == 3000
+    assert row["peak_bytes"] is None  # NVML has no peak
 
 
 def test_unavailable_probe_is_left_out_with_its_reason(memwatch_logs):
@@ -128,8 +130,9 @@ def test_a_high_water_mark_counts_as_peak_only_when_it_rises(fake_probe_cls):
     sampler.start()
     peaks = [sampler.sample()[0]["peak_bytes"] for _ in readings]
     # First sample: the mark predates the fit. Third: it rose to 9000
-    # between two samples, so that interval's peak is exactly 9000.
-    assert peaks == [100, 100, 9000, 110, 130]
+    # between two samples, so that interval's peak is exactly 9000; the
+    # others' peaks are unknown.
+    assert peaks == [None, None, 9000, None, None]
 
 
 def test_a_probe_with_a_minimum_interval_is_read_at_most_that_often(fake_probe_cls):

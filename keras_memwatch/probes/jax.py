@@ -108,6 +108,16 @@ class JaxProbe(Probe):
         )
 
 
+def local_gpu_names() -> tuple[str, ...]:
+    """The record's names of the GPUs JAX computes on in this process
+    (none when it computes on the CPU)."""
+    import jax
+
+    gpus = [d for d in jax.local_devices()
+            if str(d.platform).lower() in _GPU_PLATFORMS]
+    return tuple(sorted(_names(gpus), key=lambda n: int(n[4:])))
+
+
 def _names(gpus: list[Any]) -> list[str]:
     """`GPU:<local_hardware_id>`, or `GPU:<position>` when ids are missing."""
     ids = [getattr(d, "local_hardware_id", None) for d in gpus]

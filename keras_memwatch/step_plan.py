@@ -1,0 +1,156 @@
+"""XLA's plan of each training step, read where `fit` compiles anyway (JAX).
+
+JAX cannot reset its allocator's peak, so no source sees the peak of one
+step, and the memory in use read at a batch's end jitters by whatever step
+is in flight. But XLA plans every buffer of a compiled step ahead of time.
+For the length of a fit, `StepPlanner` wraps `model.train_function`: it
+notes the input signature (shapes and dtypes) of each batch as Keras draws
+it, and the first time a signature appears it reads the compiled step's
+memory analysis (arguments + outputs - aliased + temporaries, per device)
+right after that step was dispatched, on shapes alone. `fit` has just
+compiled that very step, so XLA's cache answers and only the trace is paid
+again, once per signature; every later batch of a known signature costs a
+dictionary look-up. Validation steps are not planned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Hashable, Iterator
+from typing import Any, Optional
+
+from keras_memwatch import xla_plan
+
+logger = logging.getLogger("keras_memwatch")
+
+_WRAPPED = "_memwatch_unwrapped"  # the attribute holding the original function
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPlan:
+    """The device memory XLA planned for one training step, per device.
+
+    Attributes:
+        total_bytes: arguments + outputs - aliased (donated) + temporaries.
+        working_bytes: `total_bytes` less the training state (weights,
+            optimizer and metric variables), which is in memory already: what
+            the step needs on top of the memory in use before it.
+    """
+
+    total_bytes: int
+    working_bytes: int
+
+
+class _Drawn:
+    """Passes batches through from Keras's iterator, keeping each one drawn."""
+
+    __slots__ = ("_iterator", "batches")
+
+    def __init__(self, iterator: Iterator) -> None:
+        self._iterator = iterator
+        self.batches: list[Any] = []
+
+    def __iter__(self) -> _Drawn:
+        return self
+
+    def __next__(self) -> Any:
+        data = next(self._iterator)
+        self.batches.append(data)
+        return data
+
+
+class StepPlanner:
+    """Reads XLA's plan of each training step of a JAX `fit`.
+
+    Call `attach` at train begin, `expect(key)` on the training thread before
+    each batch (the key names the batch), `take(key)` for the batch's plan,
+    and `detach` at the end. Nothing it does raises into training: a plan
+    that cannot be read is missing, with one warning.
+    """
+
+    def __init__(self) -> None:
+        self._model: Any = None
+        self._key: Hashable = None
+        self._plans: dict[tuple, Optional[StepPlan]] = {}
+        self._by_key: dict[Hashable, StepPlan] = {}
+        self.seconds = 0.0  # spent reading plans
+        self._warned = False
+
+    @property
+    def signatures(self) -> int:
+        """Distinct input signatures planned so far."""
+        return sum(plan is not None for plan in self._plans.values())
+
+    def attach(self, model: Any) -> Optional[str]:
+        """Wraps the model's train function; returns why it cannot, else None."""
+        self.detach()
+        function = getattr(model, "train_function", None)
+        original = getattr(function, _WRAPPED, function)  # a fit that raised
+        jitted = xla_plan.jitted_step(original)
+        if jitted is None:
+            return ("the train step is not compiled by XLA (run_eagerly=True or "
+                    "jit_compile=False), so it has no plan")
+        self._plans, self._by_key, self.seconds, self._warned = {}, {}, 0.0, False
+
+        def train_function(state: Any, iterator: Iterator) -> Any:
+            drawn = _Drawn(iterator)
+            logs, state = original(state, drawn)
+            self._planned(jitted, state, drawn.batches)
+            return logs, state
+
+        setattr(train_function, _WRAPPED, original)
+        model.train_function = train_function
+        self._model = model
+        return None
+
+    def detach(self) -> None:
+        """Gives the model its own train function back."""
+        model, self._model = self._model, None
+        function = getattr(model, "train_function", None)
+        if hasattr(function, _WRAPPED):
+            model.train_function = getattr(function, _WRAPPED)
+
+    def expect(self, key: Hashable) -> None:
+        """Names the batch the next train-function call runs."""
+        self._key = key
+
+    def take(self, key: Hashable) -> Optional[StepPlan]:
+        """The plan of the batch named `key` (None when unknown), once."""
+        return self._by_key.pop(key, None)
+
+    def _planned(self, jitted: Any, state: Any, batches: list) -> None:
+        try:
+            plans = [self._plan(jitted, state, data) for data in batches]
+        except Exception as e:  # never into training
+            plans = [None]
+            self._warn(e)
+        if plans and None not in plans:
+            # Steps of one execution run one after another: the largest counts.
+            self._by_key[self._key] = max(plans, key=lambda p: p.total_bytes)
+
+    def _plan(self, jitted: Any, state: Any, data: Any) -> Optional[StepPlan]:
+        import jax
+
+        leaves = jax.tree_util.tree_leaves(data)
+        signature = tuple((leaf.shape, leaf.dtype) for leaf in leaves)
+        if signature in self._plans:
+            return self._plans[signature]
+        self._plans[signature] = None  # a failure is not tried again
+        began = time.perf_counter()
+        state_spec = xla_plan.abstract(state)
+        compiled = jitted.lower(state_spec, xla_plan.abstract(data)).compile()
+        total = xla_plan.planned_bytes(compiled)
+        state_bytes = sum(xla_plan.device_bytes(leaf)
+                          for leaf in jax.tree_util.tree_leaves(state_spec))
+        plan = StepPlan(total, max(total - state_bytes, 0))
+        self._plans[signature] = plan
+        self.seconds += time.perf_counter() - began
+        return plan
+
+    def _warn(self, error: Exception) -> None:
+        if not self._warned:
+            self._warned = True
+            logger.warning("XLA's plan of the train step could not be read (%r); "
+                           "plan_bytes is missing for those steps", error)

@@ -1,0 +1,102 @@
+"""On JAX, each training step's plan comes from XLA, once per input shape."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+from keras_memwatch import MemWatch
+from keras_memwatch.step_plan import StepPlanner
+
+pytestmark = pytest.mark.skipif(keras.backend.backend() != "jax",
+                                reason="XLA's plan is read on the JAX backend")
+
+SMALL, LARGE, EVERY, BATCHES = 4, 64, 6, 18
+
+
+class Oversized(keras.utils.PyDataset):
+    """Batches of 4 images, and one of 64 every 6th."""
+
+    def __init__(self):
+        super().__init__()
+        self.rng = np.random.default_rng(0)
+
+    def __len__(self):
+        return BATCHES
+
+    def __getitem__(self, index):
+        n = LARGE if (index + 1) % EVERY == 0 else SMALL
+        x = self.rng.normal(size=(n, 32, 32, 3)).astype("float32")
+        return x, self.rng.integers(0, 10, size=(n,))
+
+
+def convnet():
+    model = keras.Sequential([
+        keras.Input((32, 32, 3)),
+        keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+        keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+        keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dense(10),
+    ])
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True))
+    return model
+
+
+def test_each_training_row_carries_its_steps_plan(memwatch_logs):
+    model = convnet()
+    original = model.train_function
+    watch = MemWatch(verbose=0)
+    model.fit(Oversized(), epochs=2, shuffle=False, callbacks=[watch], verbose=0)
+    frame = watch.to_dataframe()
+    steps = frame[(frame["phase"] == "train") & frame["batch"].notna()]
+    plans = steps.set_index(["epoch", "batch"])["plan_bytes"]
+    assert plans.notna().all()
+    oversized = [b for b in range(BATCHES) if (b + 1) % EVERY == 0]
+    large = plans[plans.index.get_level_values("batch").isin(oversized)]
+    small = plans[~plans.index.get_level_values("batch").isin(oversized)]
+    assert large.nunique() == 1 and small.nunique() == 1  # one plan per shape
+    # Activations dominate: the plan grows about as the batch (16x).
+    assert 8 < large.iloc[0] / small.iloc[0] <= 16
+    assert frame.loc[frame["batch"].isna(), "plan_bytes"].isna().all()
+    assert "xla plan: XLA's plan of each training step" in watch.summary()
+    assert "2 input signature(s)" in watch.summary()
+    assert model.train_function is original or original is None  # given back
+
+
+def test_a_model_that_runs_eagerly_has_no_plan_and_says_why():
+    model = convnet()
+    model.compile(optimizer="adam", loss="mse", run_eagerly=True)
+    watch = MemWatch(verbose=0)
+    x = np.zeros((8, 32, 32, 3), "float32")
+    model.fit(x, np.zeros((8, 10), "float32"), batch_size=4, callbacks=[watch],
+              verbose=0)
+    assert watch.to_dataframe()["plan_bytes"].isna().all()
+    assert "not compiled by XLA" in watch.sources["xla plan"]
+
+
+def test_a_plan_that_cannot_be_read_is_missing_with_one_warning(memwatch_logs,
+                                                                 monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no analysis here")
+
+    monkeypatch.setattr("keras_memwatch.xla_plan.planned_bytes", broken)
+    model = convnet()
+    watch = MemWatch(verbose=0)
+    model.fit(Oversized(), epochs=1, callbacks=[watch], verbose=0)
+    assert watch.to_dataframe()["plan_bytes"].isna().all()
+    assert len(watch.to_dataframe()) == (BATCHES + 1) * 1  # no row lost
+    assert memwatch_logs.text.count("could not be read") == 1
+
+
+def test_the_planner_gives_the_train_function_back():
+    model = convnet()
+    model.make_train_function()
+    original = model.train_function
+    planner = StepPlanner()
+    assert planner.attach(model) is None
+    assert model.train_function is not original
+    assert planner.attach(model) is None  # again, as after a fit that raised
+    planner.detach()
+    assert model.train_function is original
