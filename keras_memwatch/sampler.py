@@ -32,6 +32,15 @@ _HOST_CURRENT = (C.HOST_RSS,)
 _PEAKS = (C.ALLOCATOR_PEAK, C.HOST_PEAK_RSS)
 
 
+class _Failure:
+    """A read that raised (or took too long): the `count`-th in a row."""
+
+    __slots__ = ("error", "count")
+
+    def __init__(self, error: Exception, count: int):
+        self.error, self.count = error, count
+
+
 class Sampler:
     """Samples a set of probes as rows, one per device.
 
@@ -56,8 +65,8 @@ class Sampler:
         self.peak_columns: tuple[Optional[str], ...] = ()
         self.notes: dict[str, str] = {}
         self._active: list[tuple[Probe, list[int]]] = []
-        self._failures: dict[str, int] = {}
-        self._next_read: dict[str, float] = {}
+        self._failures: list[int] = []  # consecutive, per active probe
+        self._next_read: list[float] = []
         self._warned: set[str] = set()
         self._peak_column: list[Optional[tuple[str, bool]]] = []
         self._high_water: list[Optional[int]] = []
@@ -72,8 +81,8 @@ class Sampler:
         devices: list[str] = []
         columns: dict[str, list[str]] = {}
         peak_column: dict[str, tuple[str, bool]] = {}
-        self._active, self._failures, self._warned = [], {}, set()
-        self._next_read = {}
+        self._active, self._failures, self._warned = [], [], set()
+        self._next_read = []
         for probe in self.probes:
             try:
                 probe_devices = probe.start()
@@ -97,8 +106,8 @@ class Sampler:
                     if col in _PEAKS and device not in peak_column:
                         peak_column[device] = (col, probe.peak_per_sample)
             self._active.append((probe, slots))
-            self._failures[probe.name] = 0
-            self._next_read[probe.name] = 0.0
+            self._failures.append(0)
+            self._next_read.append(0.0)
         self.devices = tuple(devices)
         self.device_columns = {d: tuple(columns[d]) for d in devices}
         self._peak_column = [peak_column.get(d) for d in devices]
@@ -113,36 +122,67 @@ class Sampler:
 
     def sample(self) -> list[Row]:
         """Reads every active probe; returns one row per device."""
-        rows: list[Row] = [{} for _ in self.devices]
+        return self.rows(self.read())
+
+    def read(self) -> list:
+        """Reads every active probe, and nothing more: the hot path.
+
+        Returns:
+            One entry per active probe: its readings as `read()` gave them,
+            `None` when it was not read (switched off, or its interval not
+            yet over), or a `_Failure`. Turn them into rows with `rows`, in
+            the order they were read.
+        """
+        out: list = []
         now = perf_counter()
-        for probe, slots in self._active:
-            if self._failures[probe.name] >= self.max_failures:
+        failures, limit, slow = self._failures, self.max_failures, self.slow_s
+        for i, (probe, _) in enumerate(self._active):
+            if failures[i] >= limit:
+                out.append(None)
                 continue
             if probe.min_interval_s:
-                if now < self._next_read[probe.name]:
+                if now < self._next_read[i]:
+                    out.append(None)
                     continue
-                self._next_read[probe.name] = now + probe.min_interval_s
+                self._next_read[i] = now + probe.min_interval_s
             try:
                 began = perf_counter()
                 readings = probe.read()
                 took = perf_counter() - began
-                if took > self.slow_s:
+                if took > slow:
                     raise TimeoutError(
-                        f"one read took {took:.2f} s (limit {self.slow_s:g} s)")
-                if len(readings) != len(slots):
-                    raise ValueError(
-                        f"returned {len(readings)} readings for "
-                        f"{len(slots)} devices"
-                    )
-                for slot, reading in zip(slots, readings):
-                    row = rows[slot]
-                    for col, value in zip(probe.columns, reading):
-                        row[col] = (value if type(value) is int and value >= 0
-                                    else self._checked(probe, col, value))
+                        f"one read took {took:.2f} s (limit {slow:g} s)")
             except Exception as e:
-                self._failed(probe, e)
-            else:
-                self._failures[probe.name] = 0
+                failures[i] += 1
+                out.append(_Failure(e, failures[i]))
+                continue
+            failures[i] = 0
+            out.append(readings)
+        return out
+
+    def rows(self, raw: list) -> list[Row]:
+        """Turns one `read()` into one row per device, checking every value.
+
+        Must see the reads in the order they were taken (a high-water mark
+        is judged against the previous one).
+        """
+        rows: list[Row] = [{} for _ in self.devices]
+        for (probe, slots), readings in zip(self._active, raw):
+            if readings is None:
+                continue
+            if type(readings) is _Failure:
+                self._failed(probe, readings)
+                continue
+            if len(readings) != len(slots):
+                self._failed(probe, _Failure(ValueError(
+                    f"returned {len(readings)} readings for {len(slots)} devices"),
+                    0))
+                continue
+            for slot, reading in zip(slots, readings):
+                row = rows[slot]
+                for col, value in zip(probe.columns, reading):
+                    row[col] = (value if type(value) is int and value >= 0
+                                else self._checked(probe, col, value))
         for i, row in enumerate(rows):
             current = None
             for col in self._current_columns[i]:
@@ -192,24 +232,23 @@ class Sampler:
         )
         return None
 
-    def _failed(self, probe: Probe, error: Exception) -> None:
-        count = self._failures.get(probe.name, 0) + 1
-        self._failures[probe.name] = count
+    def _failed(self, probe: Probe, failure: _Failure) -> None:
         self._warn_once(
             probe.name,
             "probe %s failed (%r); its values are missing for this sample",
             probe.name,
-            error,
+            failure.error,
         )
-        if count == self.max_failures:
+        if failure.count == self.max_failures:
             self.notes[probe.name] = (
-                f"switched off after {count} failures in a row: {error!r}"
+                f"switched off after {failure.count} failures in a row: "
+                f"{failure.error!r}"
             )
             logger.warning(
                 "probe %s failed %d times in a row; switched off for the "
                 "rest of this fit",
                 probe.name,
-                count,
+                failure.count,
             )
 
     def _warn_once(self, key: str, msg: str, *args: object) -> None:

@@ -46,17 +46,34 @@ def test_the_seed_model_records_allocator_nvml_and_process_memory():
         assert (gpu[C.NVML_USED] >= gpu[C.PROCESS]).all()
 
 
-def test_oversized_batches_on_the_gpu():
+def _scenario(*args):
     scenario = os.path.join(os.path.dirname(__file__), "scenarios", "oversized_batches.py")
-    done = subprocess.run([sys.executable, scenario, "--gpu"], capture_output=True,
+    done = subprocess.run([sys.executable, scenario, "--gpu", *args], capture_output=True,
                           text=True, timeout=600,
                           env=dict(os.environ, KERAS_BACKEND=keras.backend.backend()))
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     print("\n", json.dumps(result))
-    if keras.backend.backend() == "torch":
-        assert result["flagged"] == result["oversized"]
-    else:
-        # JAX's allocator peak never resets: only a new high-water mark
-        # (the first oversized batch) is visible per step.
-        assert result["flagged"][:1] == result["oversized"][:1]
+    return result
+
+
+def test_oversized_batches_on_the_gpu_are_all_flagged_and_nothing_else():
+    result = _scenario("--epochs", "2")
+    assert result["flagged_at"] == result["oversized_at"]
+    if keras.backend.backend() == "jax":  # judged on XLA's plan of each step
+        assert len(result["plan_mib_by_device"]["GPU:0"]) == 2
+
+
+def _two_gpus():
+    return keras.backend.backend() == "jax" and len(
+        [d for d in __import__("jax").devices() if d.platform == "gpu"]) >= 2
+
+
+@pytest.mark.skipif(not _two_gpus(), reason="needs JAX and two GPUs")
+def test_data_parallel_over_two_gpus_flags_every_oversized_batch_on_both():
+    result = _scenario("--epochs", "2", "--data-parallel")
+    for device in ("GPU:0", "GPU:1"):
+        assert result["flagged_by_device"][device] == result["oversized_at"]
+        assert len(result["plan_mib_by_device"][device]) == 2
+    uniform = _scenario("--data-parallel", "--uniform")
+    assert uniform["flagged_by_device"] == {}

@@ -9,6 +9,7 @@ RSS several times above the usual working memory.
 import json
 import os
 import sys
+import time
 
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # oneDNN keeps freed memory
 
@@ -18,10 +19,19 @@ import numpy as np  # noqa: E402
 from keras_memwatch import MemWatch  # noqa: E402
 
 # CPU: judged on host peak RSS. GPU (--gpu): the H200 scenario, judged on
-# the allocator (4 x Conv2D(128) on 128x128x3, batches of 8, 128 every 20th).
+# the allocator, or on XLA's plan of each step with JAX (4 x Conv2D(128) on
+# 128x128x3, batches of 8, 128 every 20th). --epochs N runs N epochs;
+# --uniform makes every batch small (nothing to flag); --data-parallel (JAX)
+# spreads each batch over every GPU with keras.distribution.DataParallel.
 GPU = "--gpu" in sys.argv
+UNIFORM = "--uniform" in sys.argv
+EPOCHS = int(sys.argv[sys.argv.index("--epochs") + 1]) if "--epochs" in sys.argv else 1
 SMALL, LARGE, EVERY, BATCHES = (8, 128, 20, 60) if GPU else (4, 96, 15, 45)
 SIDE, CHANNELS, LAYERS = (128, 128, 4) if GPU else (64, 64, 2)
+
+
+def oversized(index):
+    return not UNIFORM and (index + 1) % EVERY == 0
 
 
 class Oversized(keras.utils.PyDataset):
@@ -33,13 +43,18 @@ class Oversized(keras.utils.PyDataset):
         return BATCHES
 
     def __getitem__(self, index):
-        n = LARGE if (index + 1) % EVERY == 0 else SMALL
+        n = LARGE if oversized(index) else SMALL
         x = self.rng.normal(size=(n, SIDE, SIDE, 3)).astype("float32")
         y = self.rng.integers(0, 10, size=(n,))
         return x, y
 
 
 def main():
+    if "--data-parallel" in sys.argv:
+        import jax
+
+        distribution = keras.distribution.DataParallel(devices=jax.devices())
+        keras.distribution.set_distribution(distribution)
     keras.utils.set_random_seed(0)
     model = keras.Sequential(
         [keras.Input((SIDE, SIDE, 3))]
@@ -49,18 +64,30 @@ def main():
     model.compile(optimizer="adam",
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     watch = MemWatch(verbose=int(os.environ.get("MEMWATCH_VERBOSE", "0")))
-    model.fit(Oversized(), epochs=1, shuffle=False, callbacks=[watch], verbose=0)
+    began = time.perf_counter()
+    model.fit(Oversized(), epochs=EPOCHS, shuffle=False, callbacks=[watch], verbose=0)
+    seconds = time.perf_counter() - began
     spikes, frame = watch.spikes, watch.to_dataframe()
     device = "GPU:0" if GPU else "host"
     rows = frame[(frame["device"] == device) & frame["batch"].notna()]
+    steps = frame[frame["batch"].notna() & (frame["phase"] == "train")]
     print(json.dumps({
         "flagged": spikes.loc[spikes["device"] == device, "batch"].tolist(),
-        "flagged_by_device": {d: g["batch"].tolist()
+        "flagged_at": spikes.loc[spikes["device"] == device, ["epoch", "batch"]]
+        .values.tolist(),
+        "flagged_by_device": {d: g[["epoch", "batch"]].values.tolist()
                               for d, g in spikes.groupby("device", observed=True)},
-        "oversized": [i for i in range(BATCHES) if (i + 1) % EVERY == 0],
+        "oversized": [i for i in range(BATCHES) if oversized(i)],
+        "oversized_at": [[e, i] for e in range(EPOCHS) for i in range(BATCHES)
+                         if oversized(i)],
         "peak_mib": (rows["peak_bytes"] / 2**20).round(1).fillna(-1).tolist(),
         "working_mib": ((rows["peak_bytes"] - rows["current_bytes"].shift(1))
                         / 2**20).round(1).fillna(-1).tolist(),
+        "plan_mib_by_device": {
+            d: sorted({round(v / 2**20, 1) for v in g["plan_bytes"].dropna()})
+            for d, g in steps.groupby("device", observed=True)},
+        "plan_source": watch.sources.get("xla plan"),
+        "fit_s": round(seconds, 2),
     }))
 
 
