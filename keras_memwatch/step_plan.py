@@ -7,10 +7,10 @@ For the length of a fit, `StepPlanner` wraps `model.train_function`: it
 notes the input signature (shapes and dtypes) of each batch as Keras draws
 it, and the first time a signature appears it reads the compiled step's
 memory analysis (arguments + outputs - aliased + temporaries, per device)
-right after that step was dispatched, on shapes alone. `fit` has just
-compiled that very step, so XLA's cache answers and only the trace is paid
-again, once per signature; every later batch of a known signature costs a
-dictionary look-up. Validation steps are not planned.
+right after that step was dispatched, lowering it with the step's own
+arrays. `fit` has just compiled that very step, so jit's caches answer
+(about a millisecond a signature); every later batch of a known signature
+costs a dictionary look-up. Validation steps are not planned.
 """
 
 from __future__ import annotations
@@ -139,11 +139,13 @@ class StepPlanner:
             return self._plans[signature]
         self._plans[signature] = None  # a failure is not tried again
         began = time.perf_counter()
-        state_spec = xla_plan.abstract(state)
-        compiled = jitted.lower(state_spec, xla_plan.abstract(data)).compile()
+        # The live arrays, not their shapes alone: lowering reads only their
+        # shapes, dtypes and shardings, and with them jit's caches answer
+        # (with bare shapes XLA would compile the step once more).
+        compiled = jitted.lower(state, data).compile()
         total = xla_plan.planned_bytes(compiled)
         state_bytes = sum(xla_plan.device_bytes(leaf)
-                          for leaf in jax.tree_util.tree_leaves(state_spec))
+                          for leaf in jax.tree_util.tree_leaves(state))
         plan = StepPlan(total, max(total - state_bytes, 0))
         self._plans[signature] = plan
         self.seconds += time.perf_counter() - began
