@@ -182,14 +182,16 @@ def run_demo(
     steps: int = 45,
     seed_model: bool = False,
     verbose: Any = "auto",
+    force: bool = False,
 ) -> Any:
     """Trains the demo network with MemWatch; prints what it found.
 
     The spike alerts (as they come) and the summary (at the end) go to the
     `keras_memwatch` logger, which `python -m keras_memwatch demo` prints;
     then it prints which oversized batches were flagged, and writes
-    `memwatch.csv` (streamed during training) and `memwatch.png` to `out`,
-    replacing those of an earlier run.
+    `memwatch.csv` (streamed during training) and `memwatch.png` to `out`.
+    Files of an earlier run there are replaced only with `force=True`;
+    nothing else in `out` is touched.
 
     Args:
         out: the output folder, created if needed. Defaults to
@@ -199,9 +201,15 @@ def run_demo(
         seed_model: build the full-size network of the classic question
             (206.6 M parameters; for a GPU). Defaults to `False`.
         verbose: Keras's progress display for `fit`. Defaults to `"auto"`.
+        force: replace `memwatch.csv` and `memwatch.png` of an earlier run
+            in `out`. Defaults to `False`.
 
     Returns:
         The `MemWatch` of the run.
+
+    Raises:
+        FileExistsError: when `out` holds `memwatch.csv` or `memwatch.png`
+            and `force` is `False`, before anything is trained.
     """
     from keras_memwatch import MemWatch
 
@@ -209,9 +217,13 @@ def run_demo(
     os.makedirs(out, exist_ok=True)
     csv_path = os.path.join(out, "memwatch.csv")
     png_path = os.path.join(out, "memwatch.png")
-    for path in (csv_path, png_path):
-        if os.path.exists(path):
-            os.remove(path)
+    there = [path for path in (csv_path, png_path) if os.path.lexists(path)]
+    if there and not force:
+        raise FileExistsError(
+            f"{' and '.join(there)} exist (from an earlier run); pass "
+            "force=True to replace them, or choose another `out`")
+    if os.path.lexists(csv_path):
+        os.remove(csv_path)  # force=True: MemWatch streams only to a new file
 
     backend = keras.backend.backend()
     accelerator = _has_accelerator()
@@ -237,7 +249,7 @@ def run_demo(
 
     print()
     print(explain(watch, data, config))
-    watch.plot(png_path)
+    watch.plot(png_path, overwrite=force)
     _close_figures()
     print(f"\nTrained in {seconds:.0f} s. Wrote {csv_path} (one row per step "
           f"per device) and {png_path}.")

@@ -8,10 +8,10 @@ answer. Imports no framework until it runs.
 from __future__ import annotations
 
 import argparse
-import importlib
 import importlib.util
 import json
 import os
+import pkgutil
 import sys
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
@@ -20,8 +20,8 @@ from keras_memwatch.capacity import (
     HOST,
     METHODS,
     CapacityEstimate,
-    _sizes_text,
     estimate_max_batch_size,
+    sizes_text,
 )
 from keras_memwatch.units import format_bytes
 
@@ -40,11 +40,27 @@ def _sizes_arg(text: str) -> list[int]:
     return sizes
 
 
-def _fraction_arg(text: str) -> float:
-    value = float(text)
+def fraction(text: str) -> float:
+    """`--headroom`: a number in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
     if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {text}")
+        raise argparse.ArgumentTypeError(
+            f"expected a fraction in [0, 1) such as 0.1, got {text!r}")
     return value
+
+
+def device_name(text: str) -> str:
+    """`--device`: `GPU:<i>` (or `gpu:<i>`, `cuda:<i>`) or `host`."""
+    from keras_memwatch.devices import device_label
+
+    try:
+        return device_label(text, "device")
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected GPU:<i> (such as GPU:0) or host, got {text!r}") from None
 
 
 def add_fit_check_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -62,11 +78,13 @@ def add_fit_check_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
              "MODULE is imported from the current directory or sys.path (or a "
              "path to a .py file)")
     parser.add_argument("--backend", choices=("tensorflow", "jax", "torch"),
-                        help="Keras backend (default: $KERAS_BACKEND)")
-    parser.add_argument("--headroom", type=_fraction_arg, default=0.1,
+                        help="Keras backend (default: Keras's own choice: "
+                             "$KERAS_BACKEND, else keras.json, else tensorflow)")
+    parser.add_argument("--headroom", type=fraction, default=0.1,
                         help="fraction of the limit to keep free (default: 0.1)")
-    parser.add_argument("--device", help="GPU:<i> or host (default: the first GPU, "
-                                         "else the host)")
+    parser.add_argument("--device", type=device_name,
+                        help="GPU:<i> or host (default: the first GPU, "
+                             "else the host)")
     parser.add_argument("--trial-sizes", type=_sizes_arg, metavar="B1,B2,B3,...",
                         help="batch sizes to measure (default: an adaptive ladder)")
     parser.add_argument("--method", choices=METHODS, default="auto",
@@ -77,26 +95,43 @@ def add_fit_check_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
 
 
 def _load_function(spec: str) -> Callable[[], Any]:
+    """The function `spec` names: `module:function` or `path/to/file.py:function`.
+
+    Raises:
+        ValueError: for a spec of another form, or a module without the
+            function.
+        ImportError: when the module cannot be imported.
+    """
     module_name, sep, function_name = spec.rpartition(":")
     if not sep or not module_name or not function_name:
         raise ValueError(f"expected --model MODULE:FUNCTION, got {spec!r}")
     if module_name.endswith(".py") or os.sep in module_name:
-        path = os.path.abspath(module_name)
-        name = os.path.splitext(os.path.basename(path))[0]
-        module_spec = importlib.util.spec_from_file_location(name, path)
-        if module_spec is None or module_spec.loader is None:
-            raise ImportError(f"cannot load {path}")
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[name] = module
-        module_spec.loader.exec_module(module)
+        function = getattr(_load_file(module_name), function_name, None)
     else:
         if os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())
-        module = importlib.import_module(module_name)
-    function = getattr(module, function_name, None)
+        try:
+            function = pkgutil.resolve_name(spec)
+        except AttributeError:
+            if module_name not in sys.modules:  # raised while importing it
+                raise
+            function = None
     if not callable(function):
         raise ValueError(f"{module_name} has no function {function_name!r}")
     return function
+
+
+def _load_file(path: str) -> Any:
+    """Imports a `.py` file as a module named after it."""
+    path = os.path.abspath(path)
+    name = os.path.splitext(os.path.basename(path))[0]
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    module_spec.loader.exec_module(module)
+    return module
 
 
 def _unpack(returned: Any) -> tuple[Any, Any, Any]:
@@ -130,7 +165,7 @@ def _breakdown_text(model: Any, estimate: CapacityEstimate) -> str:
         lines.append(
             f"  step working memory:   {format_bytes(estimate.step_static_bytes)} + "
             f"{format_bytes(estimate.per_sample_bytes)} per sample (fitted at batch "
-            f"sizes {_sizes_text(estimate.fit_batch_sizes)})")
+            f"sizes {sizes_text(estimate.fit_batch_sizes)})")
     return "\n".join(lines)
 
 
@@ -139,8 +174,12 @@ def run_fit_check(args: argparse.Namespace) -> int:
 
     Returns:
         `0` with a prediction, `3` when none could be made, `2` for a bad
-        `--model` or backend, `1` when the model function failed.
+        `--model`, `--device` or `--method`, or a backend whose framework
+        is not installed, `1` when the model function failed.
     """
+    from keras_memwatch.backend_choice import chosen_backend, import_keras
+
+    backend, source = chosen_backend(args.backend)
     if args.backend:
         if "keras" in sys.modules:
             import keras
@@ -150,24 +189,37 @@ def run_fit_check(args: argparse.Namespace) -> int:
                       f"{keras.backend.backend()} backend", file=sys.stderr)
                 return 2
         os.environ["KERAS_BACKEND"] = args.backend
+    # Keras first: a missing framework is the backend's problem, not the model's.
+    missing = import_keras(backend, source)
+    if missing:
+        print(f"error: {missing}", file=sys.stderr)
+        return 2
+    import keras
+
+    if not args.json:
+        print(f"Keras backend: {keras.backend.backend()} ({source})", flush=True)
     try:
         function = _load_function(args.model)
     except (ValueError, ImportError, OSError) as e:
         print(f"error: cannot load --model {args.model}: {e}", file=sys.stderr)
         return 2
     try:
-        model, x, y = _unpack(function())
-    except ValueError as e:
-        print(f"error: {args.model}: {e}", file=sys.stderr)
-        return 2
+        returned = function()
     except Exception:
         import traceback
 
         traceback.print_exc()
         print(f"error: {args.model} raised", file=sys.stderr)
         return 1
-    import keras
-
+    try:
+        model, x, y = _unpack(returned)
+    except ValueError as e:
+        print(f"error: {args.model}: {e}", file=sys.stderr)
+        return 2
+    problem = _device_problem(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     estimate = estimate_max_batch_size(
         model, x, y, trial_sizes=args.trial_sizes, device=args.device,
         headroom=args.headroom, method=args.method)
@@ -185,6 +237,25 @@ def run_fit_check(args: argparse.Namespace) -> int:
         else:
             print(f"Predicted largest batch: {estimate.predicted_batch_size}")
     return 0 if estimate.predicted_batch_size is not None else 3
+
+
+def _device_problem(args: argparse.Namespace) -> Optional[str]:
+    """Why `--device` / `--method` cannot be measured here, or `None`.
+
+    Checked after the user's function ran, so a `configure_memory` call in
+    it still comes before the framework's runtime starts.
+    """
+    import keras
+
+    from keras_memwatch.capacity.meter import Meter
+
+    try:
+        Meter(keras.backend.backend(), args.device, args.method).close()
+    except ValueError as e:
+        if args.device is not None and "`device`" in str(e):
+            return f"--device {args.device}: {e}"
+        return f"--method {args.method}: {e}"
+    return None
 
 
 def fit_check_main(argv: Optional[Sequence[str]] = None) -> int:

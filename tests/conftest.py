@@ -232,3 +232,16 @@ def framework_oom():
     import tensorflow as tf
 
     return tf.errors.ResourceExhaustedError(None, None, TF_MESSAGE)
+
+
+def hidden_framework(folder, framework: str) -> str:
+    """A folder to put first on PYTHONPATH so that `import framework` fails
+    in a subprocess as it does where the framework is not installed."""
+    from pathlib import Path
+
+    package = Path(folder) / "hidden" / framework
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        f"raise ModuleNotFoundError(\"No module named '{framework}'\", "
+        f"name={framework!r})\n")
+    return str(package.parent)

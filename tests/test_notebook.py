@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 import ipykernel  # noqa: F401  (the kernel the notebook runs on)
@@ -27,26 +29,78 @@ ITERATION_BYTES = 8 if os.environ.get("KERAS_BACKEND") == "tensorflow" else 4
 ADAM_BYTES = 2 * TRAINABLE_BYTES + ITERATION_BYTES + 4
 
 
+#: Where Jupyter and IPython would write outside the test's folder: the
+#: kernel's connection file (with its session key), ipykernel's temporary
+#: kernel-spec folder, IPython's profile and history, Jupyter's runtime dir.
+JUPYTER_DIRS = ("JUPYTER_RUNTIME_DIR", "JUPYTER_DATA_DIR", "JUPYTER_CONFIG_DIR",
+                "IPYTHONDIR")
+
+
+def _outside_traces() -> set[str]:
+    """What a Jupyter kernel run could leave in the temporary folder and the
+    home folder: `tmp*_kernels` folders, kernel connection files of our
+    kernel, `~/.ipython`, `~/.local/share/jupyter`."""
+    found = set()
+    tmp = Path(tempfile.gettempdir())
+    for entry in tmp.iterdir():
+        if entry.name.endswith("_kernels") or re.match(r"kernel-.*\.json$", entry.name):
+            found.add(str(entry))
+        elif entry.suffix == ".json" and entry.is_file():
+            try:
+                if json.loads(entry.read_text()).get("kernel_name") == "memwatch-tour":
+                    found.add(str(entry))
+            except (OSError, ValueError, AttributeError):
+                pass
+    home = Path.home()
+    for place in (home / ".ipython", home / ".local" / "share" / "jupyter" / "runtime"):
+        if place.exists():
+            found.add(str(place))
+    return found
+
+
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory):
-    """The notebook, executed in a kernel running this interpreter."""
-    from ipykernel.kernelspec import install
+    """The notebook, executed in a kernel running this interpreter; every
+    file Jupyter and IPython write goes under the test's folder."""
+    from ipykernel.kernelspec import write_kernel_spec
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import KernelManager
 
     tmp = tmp_path_factory.mktemp("tour")
-    # A kernel spec of our own, so the kernel is this interpreter (this
-    # venv) whatever other "python3" kernels the machine has.
-    install(kernel_name="memwatch-tour", prefix=str(tmp / "prefix"))
-    specs = KernelSpecManager(
-        kernel_dirs=[str(tmp / "prefix" / "share" / "jupyter" / "kernels")])
-    assert specs.get_kernel_spec("memwatch-tour").argv[0] == sys.executable
-    km = KernelManager(kernel_name="memwatch-tour", kernel_spec_manager=specs)
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    client = nbclient.NotebookClient(
-        nb, km=km, timeout=240, resources={"metadata": {"path": str(tmp)}})
-    client.execute()  # the kernel inherits KERAS_BACKEND from this process
-    return nb, tmp
+    before = _outside_traces()
+    dirs = {name: str(tmp / "jupyter" / name.lower()) for name in JUPYTER_DIRS}
+    with pytest.MonkeyPatch.context() as env:
+        for name, path in dirs.items():
+            env.setenv(name, path)
+        # A kernel spec of our own, so the kernel is this interpreter (this
+        # venv) whatever other "python3" kernels the machine has; written
+        # here, not through ipykernel's install() and its temporary folder.
+        kernels = tmp / "jupyter" / "kernels"
+        write_kernel_spec(str(kernels / "memwatch-tour"),
+                          overrides={"display_name": "memwatch-tour"})
+        specs = KernelSpecManager(kernel_dirs=[str(kernels)])
+        assert specs.get_kernel_spec("memwatch-tour").argv[0] == sys.executable
+        km = KernelManager(kernel_name="memwatch-tour", kernel_spec_manager=specs,
+                           connection_file=str(tmp / "jupyter" / "kernel.json"))
+        nb = nbformat.read(NOTEBOOK, as_version=4)
+        client = nbclient.NotebookClient(
+            nb, km=km, timeout=240, resources={"metadata": {"path": str(tmp)}})
+        try:
+            # The kernel inherits KERAS_BACKEND and the folders above from
+            # this process; cleanup_kc shuts it down and removes its
+            # connection file (nbclient keeps a kernel it did not start).
+            client.execute(cleanup_kc=True)
+        finally:
+            if km.has_kernel:
+                km.shutdown_kernel(now=True)
+            km.cleanup_resources()
+    return nb, tmp, before
+
+
+def test_the_kernel_leaves_nothing_outside_its_folder(executed):
+    nb, tmp, before = executed
+    assert _outside_traces() - before == set()
+    assert not (tmp / "jupyter" / "kernel.json").exists()  # the session key
 
 
 def cell(nb, tag):
@@ -65,7 +119,7 @@ def text(c):
 
 
 def test_every_code_cell_ran_without_error(executed):
-    nb, _ = executed
+    nb, _, _ = executed
     for c in nb.cells:
         if c.cell_type == "code":
             assert c.execution_count is not None
@@ -121,7 +175,7 @@ def test_summary_names_the_device_and_the_spikes(executed):
 
 
 def test_plot_is_shown_and_saved(executed):
-    nb, tmp = executed
+    nb, tmp, _ = executed
     images = [o for o in cell(nb, "plot").outputs
               if "data" in o and "image/png" in o.data]
     assert len(images) == 1
