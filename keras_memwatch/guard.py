@@ -14,9 +14,14 @@ When the block ends with an out-of-memory error (as `keras_memwatch.oom`
 recognises it), the guard writes `mem.oom.txt` (what the framework says it
 tried to allocate, the memory at the failure, the last samples, the spikes,
 and the summary with the breakdown) and `mem.oom.csv` (the whole record)
-next to the watch's log, logs one ERROR line saying where, and lets the
-original exception go on, unchanged (the same object, with its traceback).
-Any other exception passes through untouched and nothing is written.
+next to the watch's log (each process of a distributed run next to its
+own log, `mem.rank1.oom.txt`, the report naming the process and host),
+logs one ERROR line saying where, and lets the original exception go on,
+unchanged (the same object, with its traceback). Without a log and
+without `report_dir`, the report goes into a new folder under the
+system's temporary directory (never the working directory), and the
+ERROR line says which. Any other exception passes through untouched and
+nothing is written.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import contextlib
 import logging
 import os
 import sys
+import tempfile
 from typing import Any, Optional, Union
 
 from keras_memwatch import options
@@ -99,10 +105,12 @@ def oom_report_text(watch: Any, error: BaseException, last_n: int = 20,
 
     kind = type(error)
     first = error_text(error).strip().splitlines()
+    process, count, host = _process_of(watch)
     lines = [
         "keras_memwatch: training ran out of memory",
         f"exception: {kind.__module__}.{kind.__qualname__}: "
         f"{first[0][:MAX_LINE] if first else ''}",
+        f"process: {process} of {count}, on {host or 'an unknown host'}",
         "",
         "What the framework says it tried to allocate, and where:",
     ]
@@ -160,26 +168,65 @@ def oom_report_text(watch: Any, error: BaseException, last_n: int = 20,
     return "\n".join(lines) + "\n"
 
 
-def _report_paths(watch: Any, report_dir: Optional[PathLike]) -> tuple[str, str]:
-    """`<stem>.oom.txt` and `<stem>.oom.csv`, none of them existing yet."""
+def _process_of(watch: Any) -> tuple[int, int, str]:
+    """`(process, process_count, hostname)` of the watch's last fit; asked
+    of the framework when the watch never started one."""
+    from keras_memwatch.ranks import hostname, process_index_and_count
+
+    host = getattr(watch, "hostname", "") or ""
+    if host:
+        return (int(getattr(watch, "process", 0)),
+                int(getattr(watch, "process_count", 1)), host)
+    process, count = process_index_and_count()
+    return process, count, hostname()
+
+
+def _report_place(watch: Any, report_dir: Optional[PathLike]) -> tuple[str, str]:
+    """`(folder, stem)` of the report: the log's folder and name (this
+    process's log), else `report_dir` and `memwatch` (`memwatch.rank{N}`
+    with several processes), else a new temporary folder."""
+    from keras_memwatch.csvlog import log_path_for
+
+    process, count, _ = _process_of(watch)
     paths = list(getattr(watch, "log_paths", None) or [])
     log_path = paths[-1] if paths else getattr(watch, "log_path", None)
+    if not paths and log_path is not None:  # no fit opened it: this process's name
+        log_path = log_path_for(log_path, process, count)
     if log_path is not None:
         folder, name = os.path.split(os.fspath(log_path))
-        stem = os.path.splitext(name)[0]
+        folder, stem = folder or ".", os.path.splitext(name)[0]
     else:
-        folder, stem = "", "memwatch"
+        folder, stem = None, "memwatch" if count == 1 else f"memwatch.rank{process}"
     if report_dir is not None:
         folder = os.fspath(report_dir)
-    folder = folder or os.getcwd()
-    n = 0
-    while True:
+    if folder is None:
+        folder = tempfile.mkdtemp(prefix="keras_memwatch-oom-")
+    return folder, stem
+
+
+def _create_report_files(folder: str, stem: str) -> tuple[str, str, Any, Any]:
+    """Creates `<stem>.oom.txt` and `<stem>.oom.csv` in `folder`, or the
+    first free `<stem>.oom.N.*` pair: each file exclusively, so two
+    processes writing into one folder never share or replace a report."""
+    os.makedirs(folder, exist_ok=True)
+    for n in range(100_000):
         tag = f"{stem}.oom" if n == 0 else f"{stem}.oom.{n}"
         txt = os.path.join(folder, f"{tag}.txt")
         csv = os.path.join(folder, f"{tag}.csv")
-        if not os.path.lexists(txt) and not os.path.lexists(csv):
-            return txt, csv
-        n += 1
+        try:
+            text_file = open(txt, "x", encoding="utf-8")
+        except FileExistsError:
+            continue
+        try:
+            csv_file = open(csv, "x", encoding="utf-8", newline="")
+        except BaseException as e:  # give the pair's first half back
+            text_file.close()
+            os.remove(txt)
+            if isinstance(e, FileExistsError):
+                continue
+            raise
+        return txt, csv, text_file, csv_file
+    raise FileExistsError(f"no free report name for {stem}.oom in {folder}")
 
 
 def write_oom_report(
@@ -194,33 +241,36 @@ def write_oom_report(
     Args:
         watch: the `MemWatch` that watched the failed `fit`.
         error: the out-of-memory exception.
-        report_dir: write there. Defaults to `None`: next to the watch's
-            `log_path`, else in the current directory.
+        report_dir: write there (created if needed). Defaults to `None`:
+            next to this process's log, else in a new folder under the
+            system's temporary directory (`tempfile.mkdtemp`).
         last_n: samples listed before the failure. Defaults to `20`.
         deferred: the error surfaced after the block (JAX's asynchronous
             steps); the report says so. Defaults to `False`.
 
     Returns:
         The paths written: `(<stem>.oom.txt, <stem>.oom.csv)`, where `<stem>`
-        is the log's name without `.csv` (else `memwatch`); an existing
-        report is never overwritten (`<stem>.oom.1.txt`, ...).
+        is this process's log's name without `.csv` (else `memwatch`, or
+        `memwatch.rank{N}` with several processes); an existing report is
+        never overwritten (`<stem>.oom.1.txt`, ...: each file is created
+        exclusively).
 
     Raises:
         OSError: when the files cannot be written.
     """
     text = oom_report_text(watch, error, last_n, deferred)
-    txt, csv = _report_paths(watch, report_dir)
-    os.makedirs(os.path.dirname(txt) or ".", exist_ok=True)
-    with open(txt, "x", encoding="utf-8") as f:
-        f.write(text)
     try:
         frame = watch.to_dataframe()
     except Exception:
         from keras_memwatch.recorder import empty_frame
 
         frame = empty_frame()
-    with open(csv, "x", encoding="utf-8", newline="") as f:
-        frame.to_csv(f, index=False)
+    txt, csv, text_file, csv_file = _create_report_files(
+        *_report_place(watch, report_dir))
+    with text_file:
+        text_file.write(text)
+    with csv_file:
+        frame.to_csv(csv_file, index=False)
     return txt, csv
 
 
@@ -260,7 +310,8 @@ class OomGuard(contextlib.ContextDecorator):
 
     Attributes:
         watch: the `MemWatch` whose record goes into the report.
-        report_dir: where the report goes (`None`: next to the log).
+        report_dir: where the report goes (`None`: next to the log, else a
+            new temporary folder).
         last_n: samples listed in the report.
         report_paths: `(txt, csv)` written by the last out-of-memory exit,
             else `()`.
@@ -304,7 +355,9 @@ class OomGuard(contextlib.ContextDecorator):
         except Exception as e:
             logger.warning("out of memory, and the report could not be written: %r", e)
             return
-        logger.error("training ran out of memory (%s); report written to %s and %s",
+        process, count, host = _process_of(self.watch)
+        logger.error("%straining ran out of memory (%s); report written to %s and %s",
+                     f"process {process} on {host}: " if count > 1 else "",
                      type(error).__name__, *self.report_paths)
         # Keras does not call `on_train_end` when `fit` raises: let the watch
         # close its probes and its streamed log, where it offers a way.
@@ -323,8 +376,11 @@ def oom_guard(watch: Any, report_dir: Optional[PathLike] = None, *,
     Args:
         watch: the `MemWatch` passed to `fit`'s callbacks.
         report_dir: write the report there. Defaults to `None`: next to
-            the watch's `log_path` (`mem.csv` gives `mem.oom.txt` and
-            `mem.oom.csv`), else in the current directory (`memwatch.oom.*`).
+            this process's log (`mem.csv` gives `mem.oom.txt` and
+            `mem.oom.csv`; `mem.rank1.csv`, `mem.rank1.oom.*`), else, for a
+            watch without `log_path`, in a new folder under the system's
+            temporary directory (`keras_memwatch-oom-*/memwatch.oom.*`),
+            never the working directory; the ERROR line it logs says where.
         last_n: samples listed in the report. Defaults to `20`.
 
     Returns:

@@ -73,20 +73,32 @@ def optional_callable(name: str, value: Any) -> Optional[Callable]:
 
 
 def log_path(name: str, value: Any) -> Optional[str]:
-    """A new `.csv` file in an existing, writable folder."""
+    """A new `.csv` file in an existing, writable folder.
+
+    `{rank}` in the path stands for the process index (each process of a
+    distributed run writes its own file). An existing file is refused here
+    only for one process and a path without `{rank}`: where several
+    processes train, each takes its own name at train begin (`mem.csv` ->
+    `mem.rank{N}.csv`, the next free number if that is taken too), so that
+    no process fails alone while the others wait for it.
+    """
     if value is None:
         return None
     if not isinstance(value, (str, os.PathLike)):
         raise _fail(name, "a path (str or os.PathLike) or None", value, TypeError)
+    from keras_memwatch.csvlog import RANK_FIELD
+    from keras_memwatch.ranks import process_index_and_count
+
     path = os.path.abspath(os.fspath(value))
     if not path.lower().endswith(".csv"):
         raise _fail(name, "a path ending in .csv", value)
-    folder = os.path.dirname(path)
+    process, count = process_index_and_count()
+    folder = os.path.dirname(path.replace(RANK_FIELD, str(process)))
     if not os.path.isdir(folder):
         raise _fail(name, f"a path in an existing folder ({folder} does not exist)", value)
     if not os.access(folder, os.W_OK):
         raise _fail(name, f"a path in a writable folder ({folder} is not writable)", value)
-    if os.path.lexists(path):
+    if RANK_FIELD not in path and count == 1 and os.path.lexists(path):
         raise FileExistsError(
             f"Expected `{name}` to be a new file: MemWatch never overwrites a "
             f"log. Received: {name}={value!r}, which exists. Delete it or "

@@ -34,10 +34,14 @@ def log(tmp_path):
 
 def test_demo_trains_flags_the_oversized_batch_and_writes_its_files(tmp_path):
     out = tmp_path / "out"
+    out.mkdir()
+    (out / "memwatch.png").write_text("an earlier run's")  # --force replaces it
+    (out / "notes.txt").write_text("mine")  # and touches nothing else
     # One epoch of 16 batches: batch 14 is oversized (96 samples, not 8).
     done = run("demo", "--backend", keras.backend.backend(), "--epochs", "1",
-               "--steps", "16", "--out", str(out))
+               "--steps", "16", "--out", str(out), "--force")
     assert done.returncode == 0, done.stderr[-3000:]
+    assert (out / "notes.txt").read_text() == "mine"
     text = done.stdout
     assert f"keras_memwatch demo on {keras.backend.backend()}" in text
     assert "WARNING: memory spike at epoch 0 batch 14 on host" in text
@@ -56,7 +60,8 @@ def test_report_summarizes_a_log_without_the_model(log, tmp_path):
     assert "weights, optimizer state: unknown without the model" in text
     assert "step working memory:  40.0 MiB typical on GPU:0, 420 MiB at most" in text
     assert "GPU:0: peak 920 MiB" in text
-    assert "2 spike(s); worst 920 MiB at epoch 0 batch 13 (10.5x the usual step)" in text
+    assert ("2 spike(s); worst 920 MiB at epoch 0 batch 13 (it needed 420 MiB, "
+            "10.5x the usual 40.0 MiB)") in text
     assert "columns with values: allocator_current_bytes" in text
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert f"Wrote {png}" in text
@@ -74,7 +79,7 @@ def test_report_needs_no_keras(log):
 
 def test_report_of_a_missing_log_fails_clearly(tmp_path):
     done = run("report", str(tmp_path / "nope.csv"), timeout=120)
-    assert done.returncode == 1
+    assert done.returncode == 2  # a usage error (issue 16)
     assert "cannot read" in done.stderr
 
 

@@ -159,6 +159,80 @@ def test_bad_last_n():
         OomGuard(MemWatch(probes="host"), last_n=0)
 
 
+
+# -- per process, and never into the working directory ---------------------
+
+
+def test_the_report_names_the_process_and_host(tmp_path):
+    watch = MemWatch(probes="host", log_path=tmp_path / "mem.csv", verbose=0)
+    with pytest.raises(MemoryError):
+        with oom_guard(watch):
+            tiny_fit(watch, MemoryError("Tried to allocate 1.00 GiB"))
+    lines = (tmp_path / "mem.oom.txt").read_text().splitlines()
+    assert lines[2] == f"process: 0 of 1, on {watch.hostname}" and watch.hostname
+
+
+def test_each_process_reports_next_to_its_own_log(tmp_path, monkeypatch, memwatch_logs):
+    monkeypatch.setattr("keras_memwatch.ranks.process_index_and_count", lambda: (1, 2))
+    monkeypatch.setattr("keras_memwatch.callback.process_index_and_count",
+                        lambda: (1, 2))
+    watch = MemWatch(probes="host", log_path=tmp_path / "mem.csv", verbose=0)
+    error = framework_oom()
+    with pytest.raises(type(error)):
+        with oom_guard(watch) as guard:
+            tiny_fit(watch, error)
+    txt, csv = str(tmp_path / "mem.rank1.oom.txt"), str(tmp_path / "mem.rank1.oom.csv")
+    assert guard.report_paths == (txt, csv)
+    assert sorted(os.listdir(tmp_path)) == ["mem.rank1.csv", "mem.rank1.oom.csv",
+                                           "mem.rank1.oom.txt"]
+    assert f"process: 1 of 2, on {watch.hostname}" in open(txt).read()
+    assert set(load_log(csv)["process"]) == {1}
+    errors = [r.getMessage() for r in memwatch_logs.records if r.levelno == logging.ERROR]
+    assert errors == [f"process 1 on {watch.hostname}: training ran out of memory "
+                      f"({type(error).__name__}); report written to {txt} and {csv}"]
+
+
+def test_without_a_log_or_report_dir_the_report_goes_to_a_temporary_folder(
+        tmp_path, monkeypatch, memwatch_logs):
+    import tempfile
+
+    work, temp = tmp_path / "work", tmp_path / "temp"
+    work.mkdir()
+    temp.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    watch = MemWatch(probes="host", verbose=0)
+    with pytest.raises(MemoryError):
+        with watch.guard() as guard:
+            tiny_fit(watch, MemoryError("Tried to allocate 1.00 GiB"))
+    assert os.listdir(work) == []  # nothing where the user did not ask
+    (folder,) = os.listdir(temp)
+    assert folder.startswith("keras_memwatch-oom-")
+    assert guard.report_paths == (str(temp / folder / "memwatch.oom.txt"),
+                                  str(temp / folder / "memwatch.oom.csv"))
+    assert str(temp / folder / "memwatch.oom.txt") in memwatch_logs.text
+
+
+def test_reports_written_at_once_into_one_folder_never_collide(tmp_path):
+    import threading
+
+    watch = MemWatch(probes="host", verbose=0)
+    start, written = threading.Barrier(6), []
+
+    def write():
+        start.wait()
+        written.append(write_oom_report(watch, MemoryError("Tried to allocate 1 GiB"),
+                                        report_dir=tmp_path))
+
+    threads = [threading.Thread(target=write) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({txt for txt, _ in written}) == 6
+    assert len(os.listdir(tmp_path)) == 12
+
+
 # -- real allocation failures, in a child process ----------------------------
 
 CHILD = textwrap.dedent("""

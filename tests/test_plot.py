@@ -163,3 +163,102 @@ def test_without_matplotlib_the_error_says_what_to_install(monkeypatch):
     frame, spikes = two_devices()
     with pytest.raises(ImportError, match="pip install matplotlib"):
         plot_memory(frame, spikes)
+
+
+# -- several processes ------------------------------------------------------------
+
+
+def two_processes():
+    """Process 0 (GPU:0 with two spikes, and the host) and process 1 (GPU:0,
+    steady), as `load_log("mem.rank*.csv")` gives them."""
+    zero, _ = two_devices()
+    one, _ = record(steady([40] * len(WORKING), in_use=700))
+    parts = []
+    for frame, process, host in ((zero, 0, "node-a"), (one, 1, "node-b")):
+        frame = frame.copy()
+        frame["process"], frame["hostname"] = process, host
+        frame["log"] = f"mem.rank{process}.csv"
+        parts.append(frame)
+    return pd.concat(parts, ignore_index=True)
+
+
+def test_one_panel_per_process_and_device():
+    fig = plot_memory(two_processes())
+    titles = [ax.get_title(loc="left") for ax in fig.axes]
+    assert titles == [
+        "process 0 on node-a (mem.rank0.csv), GPU:0: peak 920 MiB",
+        "process 0 on node-a (mem.rank0.csv), host: peak 905 MiB",
+        "process 1 on node-b (mem.rank1.csv), GPU:0: peak 740 MiB"]
+    # Each process's spikes on its own panel, replayed from its own rows.
+    assert find(fig.axes[0], P.LABEL_SPIKE).get_label() == "spike (2)"
+    assert not [label for label in labelled(fig.axes[2])
+                if label.startswith(P.LABEL_SPIKE)]
+    assert list(find(fig.axes[2], P.LABEL_PEAK).get_xdata()) == list(range(21))
+
+
+def test_one_axes_gets_a_line_per_process():
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    plot_memory(two_processes(), ax=ax)
+    assert ax.get_title(loc="left") == f"GPU:0: {P.LABEL_PEAK}, per process"
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert set(lines) == {"process 0 on node-a (mem.rank0.csv)",
+                          "process 1 on node-b (mem.rank1.csv)"}
+    assert max(lines["process 1 on node-b (mem.rank1.csv)"].get_ydata()) == 740
+    assert find(ax, P.LABEL_SPIKE).get_offsets().tolist() == [[7, 900], [14, 920]]
+
+
+def test_many_panels_become_one_per_device(monkeypatch):
+    monkeypatch.setattr(P, "MAX_PANELS", 2)
+    fig = plot_memory(two_processes())
+    assert [ax.get_title(loc="left") for ax in fig.axes] == [
+        f"GPU:0: {P.LABEL_PEAK}, per process", f"host: {P.LABEL_PEAK}, per process"]
+    assert len(fig.axes[0].get_lines()) == 2 and len(fig.axes[1].get_lines()) == 1
+
+
+def test_given_axes_for_several_processes(tmp_path):
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(3, 1)
+    plot_memory(two_processes(), ax=axes, path=tmp_path / "p.png")
+    assert axes[2].get_title(loc="left").startswith("process 1 on node-b")
+    assert (tmp_path / "p.png").exists()
+    with pytest.raises(ValueError, match="one Axes per process and device"):
+        plot_memory(two_processes(), ax=axes[:2])
+
+
+# -- saving at exactly the path given -------------------------------------------------
+
+
+def test_save_figure_writes_exactly_there_and_never_replaces(tmp_path):
+    fig = plot_memory(*two_devices())
+    assert P.save_figure(fig, tmp_path / "m.svg") == str(tmp_path / "m.svg")
+    assert (tmp_path / "m.svg").read_bytes()[:5] == b"<?xml"
+    with pytest.raises(FileExistsError):
+        P.save_figure(fig, tmp_path / "m.svg")
+    P.save_figure(fig, tmp_path / "m.svg", overwrite=True)
+    with pytest.raises(ValueError, match="image format"):
+        P.save_figure(fig, tmp_path / "noext")
+    assert sorted(os.listdir(tmp_path)) == ["m.svg"]
+
+
+@pytest.mark.parametrize("name, words", [
+    ("noext", ["has no extension", "e.g. --plot {d}/noext.png"]),
+    ("rep.txt", ["matplotlib cannot write .txt files", "e.g. --plot {d}/rep.png"]),
+    ("nodir/x.png", ["the folder {d}/nodir does not exist"]),
+    ("old.png", ["{d}/old.png exists: pass --force"]),
+    (".", ["is a folder"]),
+])
+def test_plot_path_problems(tmp_path, name, words):
+    (tmp_path / "old.png").write_bytes(b"mine")
+    problem = P.plot_path_problem(str(tmp_path / name))
+    for word in words:
+        assert word.format(d=tmp_path) in problem
+    assert (tmp_path / "old.png").read_bytes() == b"mine"
+
+
+def test_plot_path_fine():
+    assert P.plot_path_problem("new.png") is None
+    assert P.plot_path_problem(__file__.replace(".py", ".png")) is None
+    assert P.plot_path_problem(__file__ + ".pdf") is None
