@@ -8,40 +8,44 @@ import logging
 import os
 import threading
 import time
+from time import perf_counter
 from typing import Any, Callable, Optional
 
 import keras
 import pandas as pd
 
 from keras_memwatch import options
-from keras_memwatch.csvlog import CsvLog, PathLike
+from keras_memwatch.columns import HOST_DEVICE
+from keras_memwatch.csvlog import PathLike, open_log
 from keras_memwatch.derived import main_device, spike_table
 from keras_memwatch.detector import SpikeDetector
 from keras_memwatch.events import SpikeEvent
 from keras_memwatch.probes import resolve_probes
+from keras_memwatch.pipeline import Pipeline, value_reader
 from keras_memwatch.ranks import hostname, process_index_and_count
 from keras_memwatch.recorder import Recorder
 from keras_memwatch.report import summarize
 from keras_memwatch.sampler import Row, Sampler
 from keras_memwatch.sequencer import Sequencer
 from keras_memwatch.spikes import SpikeMonitor
+from keras_memwatch.step_plan import StepPlanner
 from keras_memwatch.units import MIB
 
 logger = logging.getLogger("keras_memwatch")
 
+PLAN_SOURCE = "xla plan"
+
 
 def _never_raises(hook: Callable) -> Callable:
-    """Keeps a fault inside MemWatch from ending the user's training."""
+    """Keeps a fault inside MemWatch from ending the user's training (the
+    batch hooks, on the hot path, catch their own)."""
 
     @functools.wraps(hook)
     def guarded(self, *args, **kwargs):
         try:
             return hook(self, *args, **kwargs)
         except Exception as e:
-            if hook.__name__ not in self._faults:
-                self._faults.add(hook.__name__)
-                logger.warning("MemWatch %s failed (%r); training goes on",
-                               hook.__name__, e, exc_info=True)
+            self._fault(hook.__name__, e)
 
     return guarded
 
@@ -81,13 +85,18 @@ class MemWatch(keras.callbacks.Callback):
         warmup: first samples of a fit that are recorded, never judged.
             Defaults to `5`.
         log_path: stream rows to this new CSV file as training runs (an
-            existing file is never overwritten; later fits of the same
-            instance write `name.1.csv`, `name.2.csv`, ...). Defaults to
+            existing file is never overwritten; a name already taken, by
+            another process or job or an earlier fit of the same instance,
+            gives `name.1.csv`, `name.2.csv`, ...). When several processes
+            train, each writes its own file: `name.rank{N}.csv`, or the
+            path with `{rank}` replaced where it has one. Defaults to
             `None`.
         on_spike: callable receiving each `SpikeEvent`. It is called on the
             training thread at the start of the next batch (or at epoch
-            end), where it may set `model.stop_training`. Its errors are
-            logged, never raised. Defaults to `None`.
+            end). Returning `True` stops training after the batch in
+            flight (as setting `model.stop_training = True` does); any
+            other return value is ignored. Its errors are logged, never
+            raised. Defaults to `None`.
         add_to_logs: add `mem_peak_mib` and `mem_current_mib` (of the first
             GPU, or of the host without one) to the batch and epoch `logs`,
             so `History`, `CSVLogger` and the progress bar show them.
@@ -108,7 +117,8 @@ class MemWatch(keras.callbacks.Callback):
 
     Raises:
         ValueError, TypeError: for a bad option, before training starts.
-        FileExistsError: if `log_path` exists.
+        FileExistsError: if `log_path` exists, for a single process and a
+            path without `{rank}`.
 
     Example:
 
@@ -158,12 +168,14 @@ class MemWatch(keras.callbacks.Callback):
             self.memory_config = configure_memory(
                 allow_growth=allow_growth, memory_limit_mb=memory_limit_mb)
         self.log_paths: list[str] = []
+        self._planner: Optional[StepPlanner] = None
+        self._plan_note = ""
         self.process, self.process_count, self.hostname = 0, 1, ""
         self._sampler = Sampler(self._probes)
         self._recorder = Recorder(self.max_rows)
         self._lock = threading.Lock()
         self._monitor: Optional[SpikeMonitor] = None
-        self._log: Optional[CsvLog] = None
+        self._pipe: Optional[Pipeline] = None
         self._training = False
         self._faults: set[str] = set()
 
@@ -177,29 +189,41 @@ class MemWatch(keras.callbacks.Callback):
         self.hostname = hostname()
         self._recorder.reset(self._sampler.device_columns, self.process,
                              self.hostname)
+        planned = self._attach_planner()
         self._monitor = SpikeMonitor(
             devices, self.window, self.threshold, self.min_delta_mb,
-            self.warmup, alert=self.verbose > 0)
+            self.warmup, alert=self.verbose > 0, planned=planned,
+            per_step_peak=self._sampler.per_step_peak,
+            peak_columns=self._sampler.peak_columns,
+            where=(f"process {self.process} on {self.hostname}: "
+                   if self.process_count > 1 else ""))
+        log = None
         if self.log_path is not None:
-            self._log = CsvLog(_free_path(self.log_path, len(self.log_paths)),
-                               self.process, self.hostname)
-            self.log_paths.append(self._log.path)
+            # One file per process; a name already taken (another process
+            # or job, an earlier fit) gives the next free one, never an error.
+            log = open_log(self.log_path, self.process, self.process_count,
+                           self.hostname, earlier=self.log_paths)
+            if log is not None:
+                self.log_paths.append(log.path)
         self._spe = max(int(getattr(self.model, "steps_per_execution", 1) or 1), 1)
+        self._every = self.every_n_batches == 1 and self._spe == 1
         self._sequence = Sequencer(self._lock)
         self._epoch = 0
-        self._step = 0
         self._t0 = time.perf_counter()
-        self._primary = devices.index(main_device(devices)) if devices else 0
-        self._epoch_peak: Optional[int] = None
-        self._last_current: Optional[int] = None
-        self._undelivered: list[SpikeEvent] = []
+        primary = devices.index(main_device(devices)) if devices else 0
+        self._pipe = Pipeline(self._sampler, self._monitor, self._recorder, log,
+                              self._planner, primary, self._lock)
+        self._hot_metrics(primary)
         self._training = True
         with self._lock:
-            self._commit(("train", 0, None), (0.0, self._sampler.sample()))
+            self._pipe.pending.append((("train", 0, None), 0.0, self._sampler.read()))
+        self._pipe.drain()
+        self._pipe.start()
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
-        self._epoch_peak = None
+        if self._pipe is not None:
+            self._pipe.epoch_peak = None
 
     def on_train_batch_begin(self, batch, logs=None):
         self._expect("train", batch)
@@ -217,108 +241,169 @@ class MemWatch(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if not self._training:
             return
-        with self._lock:
-            self._flush()
-            self._monitor.end_epoch(epoch)
-            if self.add_to_logs and logs is not None:
-                _add_metrics(logs, self._epoch_peak, self._last_current)
+        self._flush()
+        self._pipe.end_epoch(epoch)
+        if self.add_to_logs and logs is not None:
+            _add_metrics(logs, self._pipe.epoch_peak, self._pipe.last_current)
         self._deliver()
 
     @_never_raises
     def on_train_end(self, logs=None):
         if not self._training:
             return
-        with self._lock:
-            self._flush()
-            self._training = False
-        self._deliver()
-        self._close()
+        self._finish()
         if self.verbose and self._recorder.total_samples:
             logger.info("%s", self.summary())
 
     # -- sampling ----------------------------------------------------------
+    # The batch-end hook is the hot path: it reads the probes, hands the raw
+    # readings to the pipeline and fills Keras's logs; the pipeline's thread
+    # does the rest.
 
     def _due(self, batch: int) -> bool:
         """Whether the execution that ends at `batch` covers an n-th batch."""
         n = self.every_n_batches
         return (batch + 1) // n > (batch + 1 - self._spe) // n
 
-    @_never_raises
     def _expect(self, phase: str, begin: int) -> None:
         if not self._training:
             return
-        self._deliver()
-        end = begin + self._spe - 1
-        if self._due(end):
-            # On the training thread, so as cheap as can be: no lock (a deque
-            # append is atomic, and readers hold the lock).
-            self._sequence.expect((phase, self._epoch, end))
+        try:
+            pipe = self._pipe
+            if pipe.events or len(pipe.pending) >= pipe.overdue_at:
+                if pipe.overdue:
+                    pipe.drain()
+                self._deliver()
+            end = begin + self._spe - 1
+            key = (phase, self._epoch, end) if self._every or self._due(end) else None
+            if key is not None:
+                # On the training thread, so as cheap as can be: no lock (a
+                # deque append is atomic, and readers hold the lock).
+                self._sequence.expect(key)
+            if self._planner is not None and phase == "train":
+                self._planner.expect(key)
+        except Exception as e:
+            self._fault("on_batch_begin", e)
 
-    @_never_raises
     def _sample(self, phase: str, batch: int, logs) -> None:
-        if not self._training or not self._due(batch):
+        if not self._training:
             return
-        with self._lock:
+        try:
+            if not (self._every or self._due(batch)):
+                return
             key = (phase, self._epoch, batch)
-            # Let earlier batches sample first, so each peak is its batch's.
-            self._sequence.wait_turn(key)
-            rows = self._sampler.sample()
-            sample = (round(time.perf_counter() - self._t0, 6), rows)
-            for due in self._sequence.arrive(key, sample):
-                self._commit(*due)
-        if self.add_to_logs and logs is not None and phase == "train" and rows:
-            row = rows[self._primary]
-            _add_metrics(logs, row["peak_bytes"], row["current_bytes"])
+            with self._lock:
+                if self._sequence.take_turn(key):  # the usual case
+                    raw = self._sampler.read()
+                    pending = self._pipe.pending
+                    pending.append((key, perf_counter() - self._t0, raw))
+                else:  # let earlier batches read first: each peak is its batch's
+                    self._sequence.wait_turn(key)  # releases the lock meanwhile
+                    raw = self._sampler.read()
+                    pending = self._pipe.pending
+                    for due, (time_s, due_raw) in self._sequence.arrive(
+                            key, (perf_counter() - self._t0, raw)):
+                        pending.append((due, time_s, due_raw))
+                if len(pending) == self._pipe.block:
+                    self._pipe.wake()
+                if logs is not None and self.add_to_logs and phase == "train":
+                    self._add_batch_metrics(key, raw, logs)
+        except Exception as e:
+            self._fault("on_batch_end", e)
+
+    def _fault(self, where: str, error: Exception) -> None:
+        if where not in self._faults:
+            self._faults.add(where)
+            logger.warning("MemWatch %s failed (%r); training goes on", where,
+                           error, exc_info=True)
+
+    def _hot_metrics(self, primary: int) -> None:
+        """Readers of the main device's figures in a raw read, for the logs."""
+        sampler = self._sampler
+        self._last_current: Optional[int] = None
+        if not sampler.devices:
+            self._read_current = self._read_peak = None
+            return
+        self._read_current = value_reader(sampler, primary,
+                                          sampler.current_columns[primary])
+        peak_column = sampler.peak_columns[primary]
+        self._read_peak = (value_reader(sampler, primary, (peak_column,))
+                           if sampler.per_step_peak[primary] else None)
+
+    def _add_batch_metrics(self, key: tuple, raw: list, logs: dict) -> None:
+        if self._read_current is None:
+            return
+        current = self._read_current(raw)
+        if self._read_peak is not None:
+            peak = self._read_peak(raw)
+        else:  # JAX: in use before the step plus its plan's working part
+            plan = self._planner.peek(key) if self._planner else None
+            before = self._last_current
+            peak = None if plan is None or before is None else before + plan.working_bytes
+        self._last_current = current
+        if peak is not None and current is not None and peak < current:
+            peak = current
+        _add_metrics(logs, peak, current)
 
     def _flush(self) -> None:
-        for due in self._sequence.flush():
-            self._commit(*due)
+        """Hands samples held back for order to the pipeline."""
+        with self._lock:
+            for key, (time_s, raw) in self._sequence.flush():
+                self._pipe.pending.append((key, time_s, raw))
 
-    def _commit(self, key: tuple, sample: tuple) -> None:
-        """Judges, records and streams one sample (holding the lock)."""
-        phase, epoch, batch = key
-        time_s, rows = sample
-        step = self._step
-        self._step += 1
-        judged = phase == "train" and batch is not None
-        events = self._monitor.judge(step, epoch, batch, judged, rows)
-        self._recorder.append(epoch, batch, phase, time_s, rows)
-        if self._log is not None:
-            try:
-                self._log.write(step, epoch, batch, phase, time_s,
-                                self._sampler.devices, rows)
-            except OSError as e:
-                logger.warning("cannot write %s (%s); streaming stops, the "
-                               "record in memory goes on", self._log.path, e)
-                self._log.close()
-                self._log = None
-        if rows and phase == "train":
-            row = rows[self._primary]
-            self._last_current = row["current_bytes"]
-            peak = row["peak_bytes"]
-            if peak is not None and (self._epoch_peak is None or peak > self._epoch_peak):
-                self._epoch_peak = peak
-        if self.on_spike is not None:
-            self._undelivered.extend(events)
+    def _finish(self) -> None:
+        """Ends a fit: every sample recorded, on_spike called, all closed."""
+        self._flush()
+        self._training = False
+        self._pipe.stop()
+        self._deliver()
+        self._close()
 
     def _deliver(self) -> None:
         """Calls `on_spike` on the training thread, where Keras expects
         `stop_training` to be set (never from an async worker)."""
-        if not self._undelivered:
+        events = self._pipe.take_events() if self._pipe is not None else []
+        if self.on_spike is None:
             return
-        with self._lock:
-            events, self._undelivered = self._undelivered, []
         for event in events:
             try:
-                self.on_spike(event)
+                stop = self.on_spike(event)
             except Exception as e:
                 logger.warning("on_spike raised %r; training goes on", e)
+                continue
+            if stop is True and self.model is not None:
+                self.model.stop_training = True
+                if self.verbose:
+                    logger.warning("on_spike returned True at epoch %s batch %s: "
+                                   "training stops", event.epoch, event.batch)
+
+    def _attach_planner(self) -> tuple[str, ...]:
+        """On JAX, reads XLA's plan of each step; returns the devices the
+        step runs on (its GPUs, else the host)."""
+        self._planner, self._plan_note = None, ""
+        if keras.backend.backend() != "jax":
+            return ()
+        planner = StepPlanner()
+        try:
+            why = planner.attach(self.model)
+        except Exception as e:  # Keras internals moved: no plan, training goes on
+            why = f"the train step could not be wrapped ({e!r})"
+        if why is not None:
+            self._plan_note = f"unavailable: {why}"
+            return ()
+        from keras_memwatch.probes.jax import local_gpu_names
+
+        self._planner = planner
+        return local_gpu_names() or (HOST_DEVICE,)
 
     def _close(self) -> None:
+        if self._pipe is not None:
+            self._pipe.stop()
+            if self._pipe.log is not None:
+                self._pipe.log.close()
+        if self._planner is not None:
+            self._planner.detach()
         self._sampler.close()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
 
     # -- results -----------------------------------------------------------
 
@@ -328,6 +413,8 @@ class MemWatch(keras.callbacks.Callback):
         Columns and dtypes are listed in the README; bytes are nullable
         integers (`Int64`), missing where a source cannot give a value.
         """
+        if self._pipe is not None:
+            self._pipe.drain()
         return self._recorder.to_dataframe()
 
     @property
@@ -343,7 +430,15 @@ class MemWatch(keras.callbacks.Callback):
     @property
     def sources(self) -> dict[str, str]:
         """What each probe of the last fit could see, or why it could not."""
-        return dict(self._sampler.notes)
+        notes = dict(self._sampler.notes)
+        if self._planner is not None:
+            notes[PLAN_SOURCE] = (
+                f"XLA's plan of each training step, read where fit compiles: "
+                f"{self._planner.signatures} input signature(s), "
+                f"{self._planner.seconds:.2f} s in all")
+        elif self._plan_note:
+            notes[PLAN_SOURCE] = self._plan_note
+        return notes
 
     def sample_now(self) -> dict[str, Row]:
         """Reads every probe now, during a fit, without recording the sample.
@@ -354,8 +449,7 @@ class MemWatch(keras.callbacks.Callback):
         """
         if not self._training:
             return {}
-        with self._lock:
-            return dict(zip(self._sampler.devices, self._sampler.sample()))
+        return dict(zip(self._sampler.devices, self._pipe.read_now()))
 
     def breakdown(self, batch_size: Optional[int] = None) -> dict:
         """Where the memory went: weights, optimizer state and the
@@ -369,7 +463,8 @@ class MemWatch(keras.callbacks.Callback):
 
         return memory_breakdown(self.model, self.to_dataframe(), batch_size)
 
-    def plot(self, path: Optional[PathLike] = None, ax: Any = None) -> Any:
+    def plot(self, path: Optional[PathLike] = None, ax: Any = None,
+             overwrite: bool = False) -> Any:
         """Draws memory over steps per device (needs matplotlib).
 
         Args:
@@ -377,12 +472,20 @@ class MemWatch(keras.callbacks.Callback):
                 `None`.
             ax: draw into this matplotlib `Axes`. Defaults to `None` (a new
                 figure).
+            overwrite: replace an existing file at `path`. Defaults to
+                `False`.
 
         Returns:
             The matplotlib `Figure`.
+
+        Raises:
+            FileExistsError: if `path` exists and `overwrite` is `False`,
+                before anything is drawn.
         """
         from keras_memwatch.plot import plot_memory
 
+        if path is not None:
+            _refuse_existing(path, overwrite)
         return plot_memory(self.to_dataframe(), self.spikes, path=path, ax=ax)
 
     def summary(self, batch_size: Optional[int] = None) -> str:
@@ -396,8 +499,9 @@ class MemWatch(keras.callbacks.Callback):
                 memory per sample. Defaults to `None`.
         """
         drift = self._monitor.drift_events if self._monitor else []
+        rises = self._monitor.rise_events if self._monitor else []
         return summarize(self.to_dataframe(), self.spikes, drift, self.sources,
-                         breakdown=self.breakdown(batch_size))
+                         breakdown=self.breakdown(batch_size), rises=rises)
 
     def guard(self, report_dir: Optional[PathLike] = None, last_n: int = 20) -> Any:
         """Guards a `fit` call: on out-of-memory, writes what was happening.
@@ -417,7 +521,8 @@ class MemWatch(keras.callbacks.Callback):
 
         Args:
             report_dir: where to write the report. Defaults to `None`
-                (beside `log_path`, else the working directory).
+                (beside this process's log, else a new temporary folder,
+                logged).
             last_n: samples shown in the report. Defaults to `20`.
         """
         from keras_memwatch.guard import oom_guard
@@ -429,32 +534,60 @@ class MemWatch(keras.callbacks.Callback):
         probes and the streamed log. Keras skips `on_train_end` when `fit`
         raises; `guard()` calls this for you."""
         if self._training:
-            with self._lock:
-                self._flush()
-                self._training = False
+            self._finish()
         self._close()
 
-    def to_csv(self, path: PathLike) -> None:
-        """Writes the record as CSV, readable by `keras_memwatch.load_log`."""
-        self.to_dataframe().to_csv(path, index=False)
+    def to_csv(self, path: PathLike, overwrite: bool = False) -> None:
+        """Writes the record as CSV, readable by `keras_memwatch.load_log`.
 
-    def to_parquet(self, path: PathLike) -> None:
-        """Writes the record as Parquet (needs `pip install pyarrow`)."""
+        Args:
+            path: the file to write.
+            overwrite: replace an existing file. Defaults to `False`.
+
+        Raises:
+            FileExistsError: if `path` exists and `overwrite` is `False`.
+        """
+        frame = self.to_dataframe()
+        with _open_new(path, overwrite, "") as f:
+            frame.to_csv(f, index=False)
+
+    def to_parquet(self, path: PathLike, overwrite: bool = False) -> None:
+        """Writes the record as Parquet (needs `pip install pyarrow`).
+
+        Args:
+            path: the file to write.
+            overwrite: replace an existing file. Defaults to `False`.
+
+        Raises:
+            FileExistsError: if `path` exists and `overwrite` is `False`.
+            ImportError: without pyarrow.
+        """
         try:
             import pyarrow  # noqa: F401
         except ImportError:
             raise ImportError(
                 "MemWatch.to_parquet needs pyarrow: pip install pyarrow "
                 "(or pip install 'keras-memwatch[parquet]')") from None
-        self.to_dataframe().to_parquet(path, index=False)
+        frame = self.to_dataframe()
+        with _open_new(path, overwrite, "b") as f:
+            frame.to_parquet(f, index=False)
 
 
-def _free_path(path: str, n: int) -> str:
-    """`path` for the first fit; `stem.N.csv` with the next free N after."""
-    stem, ext = os.path.splitext(path)
-    while n and os.path.lexists(f"{stem}.{n}{ext}"):
-        n += 1
-    return f"{stem}.{n}{ext}" if n else path
+def _refuse_existing(path: PathLike, overwrite: bool) -> None:
+    """Raises `FileExistsError` for an existing `path` unless `overwrite`."""
+    if not overwrite and os.path.lexists(path):
+        raise FileExistsError(
+            f"{os.fspath(path)} exists; pass overwrite=True to replace it")
+
+
+def _open_new(path: PathLike, overwrite: bool, binary: str) -> Any:
+    """`path` opened for writing: created, never replaced unless `overwrite`."""
+    text = {} if binary else {"encoding": "utf-8", "newline": ""}
+    try:
+        return open(path, ("w" if overwrite else "x") + binary, **text)
+    except FileExistsError:
+        _refuse_existing(path, overwrite)
+        raise
 
 
 def _add_metrics(logs: dict, peak: Optional[int], current: Optional[int]) -> None:

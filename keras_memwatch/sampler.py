@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from time import perf_counter
 from collections.abc import Sequence
-from typing import Optional
+from typing import Callable, Optional
 
 from keras_memwatch import columns as C
 from keras_memwatch.probes.base import Probe, ProbeUnavailable
@@ -65,12 +65,14 @@ class Sampler:
         self.peak_columns: tuple[Optional[str], ...] = ()
         self.notes: dict[str, str] = {}
         self._active: list[tuple[Probe, list[int]]] = []
+        self._reads: list[tuple[int, Callable, float]] = []  # the hot path's
         self._failures: list[int] = []  # consecutive, per active probe
         self._next_read: list[float] = []
         self._warned: set[str] = set()
         self._peak_column: list[Optional[tuple[str, bool]]] = []
         self._high_water: list[Optional[int]] = []
-        self._current_columns: list[tuple[str, ...]] = []
+        #: Per device: the columns its current bytes come from, best first.
+        self.current_columns: list[tuple[str, ...]] = []
 
     def start(self) -> tuple[str, ...]:
         """Starts every probe; returns the devices that will have rows.
@@ -82,7 +84,7 @@ class Sampler:
         columns: dict[str, list[str]] = {}
         peak_column: dict[str, tuple[str, bool]] = {}
         self._active, self._failures, self._warned = [], [], set()
-        self._next_read = []
+        self._next_read, self._reads = [], []
         for probe in self.probes:
             try:
                 probe_devices = probe.start()
@@ -105,6 +107,7 @@ class Sampler:
                 for col in probe.columns:
                     if col in _PEAKS and device not in peak_column:
                         peak_column[device] = (col, probe.peak_per_sample)
+            self._reads.append((len(self._active), probe.read, probe.min_interval_s))
             self._active.append((probe, slots))
             self._failures.append(0)
             self._next_read.append(0.0)
@@ -114,7 +117,7 @@ class Sampler:
         self.per_step_peak = tuple(bool(p and p[1]) for p in self._peak_column)
         self.peak_columns = tuple(p[0] if p else None for p in self._peak_column)
         self._high_water = [None] * len(devices)
-        self._current_columns = [
+        self.current_columns = [
             _HOST_CURRENT if d == C.HOST_DEVICE else _GPU_CURRENT
             for d in devices
         ]
@@ -134,30 +137,44 @@ class Sampler:
             the order they were read.
         """
         out: list = []
-        now = perf_counter()
+        append = out.append
         failures, limit, slow = self._failures, self.max_failures, self.slow_s
-        for i, (probe, _) in enumerate(self._active):
+        began = perf_counter()
+        for i, read, interval in self._reads:
             if failures[i] >= limit:
-                out.append(None)
+                append(None)
                 continue
-            if probe.min_interval_s:
-                if now < self._next_read[i]:
-                    out.append(None)
+            if interval:
+                if began < self._next_read[i]:
+                    append(None)
                     continue
-                self._next_read[i] = now + probe.min_interval_s
+                self._next_read[i] = began + interval
             try:
-                began = perf_counter()
-                readings = probe.read()
-                took = perf_counter() - began
-                if took > slow:
+                readings = read()
+                ended = perf_counter()
+                if ended - began > slow:
                     raise TimeoutError(
-                        f"one read took {took:.2f} s (limit {slow:g} s)")
+                        f"one read took {ended - began:.2f} s (limit {slow:g} s)")
             except Exception as e:
                 failures[i] += 1
-                out.append(_Failure(e, failures[i]))
-                continue
-            failures[i] = 0
-            out.append(readings)
+                append(_Failure(e, failures[i]))
+                ended = perf_counter()
+            else:
+                failures[i] = 0
+                append(readings)
+            began = ended
+        return out
+
+    def places(self, device_index: int,
+               columns: Sequence[str]) -> list[tuple[int, int, int]]:
+        """Where a device's `columns` are in a raw `read()`, in `columns`
+        order: `(probe, device slot, column)` indices."""
+        out = []
+        for column in columns:
+            for p, (probe, slots) in enumerate(self._active):
+                if column in probe.columns and device_index in slots:
+                    out.append((p, slots.index(device_index),
+                                probe.columns.index(column)))
         return out
 
     def rows(self, raw: list) -> list[Row]:
@@ -185,7 +202,7 @@ class Sampler:
                                 else self._checked(probe, col, value))
         for i, row in enumerate(rows):
             current = None
-            for col in self._current_columns[i]:
+            for col in self.current_columns[i]:
                 current = row.get(col)
                 if current is not None:
                     break

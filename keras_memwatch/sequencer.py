@@ -39,6 +39,18 @@ class Sequencer:
         """Announces the next key; needs no lock (one atomic append)."""
         self._expected.append(key)
 
+    def take_turn(self, key: Key) -> bool:
+        """The fast path: when `key` is next and nothing waits, takes its
+        turn (as `arrive` would) and returns True; else False, and nothing
+        changes."""
+        expected = self._expected
+        if expected and expected[0] == key and not self._waiting:
+            expected.popleft()
+            if self._sleepers:
+                self._turn.notify_all()
+            return True
+        return False
+
     def wait_turn(self, key: Key) -> None:
         """Blocks until every key announced before `key` has arrived."""
         expected = self._expected

@@ -116,6 +116,10 @@ class StepPlanner:
         """Names the batch the next train-function call runs."""
         self._key = key
 
+    def peek(self, key: Hashable) -> Optional[StepPlan]:
+        """The plan of the batch named `key` (None when unknown)."""
+        return self._by_key.get(key)
+
     def take(self, key: Hashable) -> Optional[StepPlan]:
         """The plan of the batch named `key` (None when unknown), once."""
         return self._by_key.pop(key, None)

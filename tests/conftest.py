@@ -4,17 +4,29 @@ and the GPU marker. Tests import the helpers from here."""
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator, Sequence
 from typing import Optional
 
-import numpy as np
-import pytest
+# Before Keras, matplotlib or PyTorch is imported: their caches and Keras's
+# keras.json go into one folder of this run, removed at its end, so that the
+# suite leaves the home folder and /tmp as it found them.
+_HOMES = tempfile.mkdtemp(prefix="memwatch-tests-")
+for _name, _sub in (("KERAS_HOME", "keras"), ("MPLCONFIGDIR", "matplotlib"),
+                    ("TORCHINDUCTOR_CACHE_DIR", "torchinductor"),
+                    ("XDG_CACHE_HOME", "cache")):
+    os.environ.setdefault(_name, os.path.join(_HOMES, _sub))
 
-from keras_memwatch import columns as C
-from keras_memwatch.derived import spike_table
-from keras_memwatch.probes.base import Probe
-from keras_memwatch.recorder import Recorder
-from keras_memwatch.spikes import SpikeMonitor
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from keras_memwatch import columns as C  # noqa: E402
+from keras_memwatch.derived import spike_table  # noqa: E402
+from keras_memwatch.probes.base import Probe  # noqa: E402
+from keras_memwatch.recorder import Recorder  # noqa: E402
+from keras_memwatch.spikes import SpikeMonitor  # noqa: E402
 
 
 def _gpu_present() -> bool:
@@ -28,6 +40,10 @@ def _gpu_present() -> bool:
             pynvml.nvmlShutdown()
     except Exception:
         return False
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(_HOMES, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

