@@ -85,20 +85,27 @@ class Sampler:
         peak_column: dict[str, tuple[str, bool]] = {}
         self._active, self._failures, self._warned = [], [], set()
         self._next_read, self._reads = [], []
+        started = []
         for probe in self.probes:
             try:
-                probe_devices = probe.start()
+                started.append((probe, probe.start()))
             except ProbeUnavailable as e:
                 self.notes[probe.name] = f"unavailable: {e}"
                 logger.info("probe %s unavailable: %s", probe.name, e)
-                continue
             except Exception as e:  # a broken probe must not stop training
                 self.notes[probe.name] = f"failed to start: {e!r}"
                 logger.warning("probe %s failed to start: %r", probe.name, e)
-                continue
+        # A probe that sees every GPU of the machine (NVML) keeps only those
+        # the framework uses, where a framework probe names any.
+        used = {d for probe, found in started if not probe.sees_all_gpus
+                for d in found if d != C.HOST_DEVICE}
+        for probe, probe_devices in started:
             self.notes[probe.name] = probe.describe()
             slots = []
             for device in probe_devices:
+                if probe.sees_all_gpus and used and device not in used:
+                    slots.append(-1)  # read, never recorded
+                    continue
                 if device not in columns:
                     devices.append(device)
                     columns[device] = []
@@ -196,6 +203,8 @@ class Sampler:
                     0))
                 continue
             for slot, reading in zip(slots, readings):
+                if slot < 0:
+                    continue
                 row = rows[slot]
                 for col, value in zip(probe.columns, reading):
                     row[col] = (value if type(value) is int and value >= 0

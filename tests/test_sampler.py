@@ -143,3 +143,30 @@ def test_a_probe_with_a_minimum_interval_is_read_at_most_that_often(fake_probe_c
     rows = [sampler.sample()[0] for _ in range(3)]
     assert probe.calls == 1
     assert [r["current_bytes"] for r in rows] == [1, None, None]
+
+
+class EveryGpu(Probe):
+    """NVML's view: every GPU of the machine, used by this process or not."""
+
+    name = "everygpu"
+    columns = (C.NVML_USED, C.NVML_TOTAL, C.PROCESS)
+    sees_all_gpus = True
+
+    def start(self):
+        return ("GPU:0", "GPU:1")
+
+    def read(self):
+        return ((5000, 80000, None), (7000, 80000, 3000))
+
+
+def test_a_probe_of_every_gpu_keeps_only_the_gpus_the_framework_uses(fake_probe_cls):
+    # One process of a distributed run, on GPU:1 of a two-GPU machine.
+    sampler = Sampler([fake_probe_cls([(1000, 1500)], device="GPU:1"), EveryGpu()])
+    assert sampler.start() == ("GPU:1",)
+    (row,) = sampler.sample()
+    assert row[C.NVML_USED] == 7000 and row[C.PROCESS] == 3000
+
+
+def test_without_a_framework_probe_every_gpu_is_kept():
+    sampler = Sampler([EveryGpu(), HostProbe()])
+    assert sampler.start() == ("GPU:0", "GPU:1", "host")

@@ -37,6 +37,10 @@ class Probe(abc.ABC):
     #: Read at most this often (seconds); samples in between have its
     #: values missing. For slow sources that have no peak to miss.
     min_interval_s: float = 0.0
+    #: The probe reports every GPU of the machine, whether this process uses
+    #: it or not (NVML); its rows are kept only for the GPUs a framework
+    #: probe reports, where one reports any.
+    sees_all_gpus: bool = False
 
     @abc.abstractmethod
     def start(self) -> tuple[str, ...]:

@@ -61,6 +61,7 @@ class NvmlProbe(Probe):
     # NVML has no peak to miss, and a read costs about 45 us on an H200
     # (37 of them the per-process query): once a second is plenty.
     min_interval_s = 1.0
+    sees_all_gpus = True
 
     def __init__(self, process_memory: bool = True) -> None:
         self.process_memory = process_memory
