@@ -29,7 +29,7 @@ import pandas as pd
 from keras_memwatch import options
 from keras_memwatch import columns as C
 from keras_memwatch.columns import HOST_DEVICE
-from keras_memwatch.derived import limit_of, working_memory_of
+from keras_memwatch.derived import limit_of, reserved_unallocated, working_memory_of
 from keras_memwatch.units import format_bytes
 
 __all__ = ["device_memory", "format_breakdown", "memory_breakdown", "step_peaks",
@@ -146,6 +146,10 @@ def device_memory(frame: pd.DataFrame) -> dict[str, dict[str, Any]]:
         `limit_bytes` (allocator limit, else the device's total),
         `transient_bytes` (median working memory of a step),
         `transient_max_bytes` and `transient_max_at` (`(epoch, batch)`),
+        `plan_bytes`, `plan_max_bytes` and `plan_shapes` (JAX: the typical
+        and largest XLA plan of a step, and how many sizes it had),
+        `reserved_bytes` (most the allocator held from the device) and
+        `unallocated_bytes` (most of that reserved but not allocated),
         and `transient_source`: `"per-step peak"`; `"XLA plan"` (JAX: the
         working part of each step's compiled plan); `"high-water mark"`
         (the device has no per-step peak, only a process-lifetime peak:
@@ -170,6 +174,11 @@ def device_memory(frame: pd.DataFrame) -> dict[str, dict[str, Any]]:
             "transient_max_bytes": None,
             "transient_max_at": None,
             "transient_source": None,
+            "plan_bytes": _median(steps[C.PLAN]),
+            "plan_max_bytes": _max(steps[C.PLAN]),
+            "plan_shapes": int(steps[C.PLAN].nunique()),
+            "reserved_bytes": _max(steps[C.ALLOCATOR_RESERVED]),
+            "unallocated_bytes": _max(reserved_unallocated(steps)),
         }
         known = working.dropna()
         if step_peaks(rows):

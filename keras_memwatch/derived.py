@@ -70,6 +70,18 @@ def against_usual(working: float, usual: float) -> str:
     return f"against a usual {format_bytes(usual)}"
 
 
+def reserved_unallocated(rows: pd.DataFrame) -> pd.Series:
+    """What the framework's allocator holds from the device but has not
+    handed out (fragmentation, its cache), per row; missing where the
+    framework gives no reserve."""
+    return (rows[C.ALLOCATOR_RESERVED] - rows[C.ALLOCATOR_CURRENT]).clip(lower=0)
+
+
+def peaks_from_plan(rows: pd.DataFrame, device: str) -> bool:
+    """Whether a device's peaks are XLA's plan of each step (a JAX GPU)."""
+    return device != C.HOST_DEVICE and bool(rows[C.PLAN].notna().any())
+
+
 def device_limit(row: Mapping[str, Any]) -> tuple[Optional[int], Optional[str]]:
     """`(bytes, column)` of a device's limit in one row, or `(None, None)`."""
     for column in LIMIT_SOURCES:

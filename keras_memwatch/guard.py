@@ -47,16 +47,20 @@ def _last_samples(frame: Any, last_n: int) -> str:
     """The last `last_n` samples (every device), in MiB."""
     import pandas as pd
 
-    from keras_memwatch.derived import working_memory_of
+    from keras_memwatch.derived import reserved_unallocated, working_memory_of
 
     steps = sorted(frame["step"].unique())[-(last_n + 1):]
     tail = frame[frame["step"].isin(steps)].sort_values("step", kind="stable")
     working = pd.concat([working_memory_of(rows) for _, rows in
                          tail.groupby("device", observed=True)])
     table = tail[["step", "epoch", "batch", "phase", "device"]].copy()
-    for title, values in (("peak MiB", tail["peak_bytes"]),
-                          ("in use MiB", tail["current_bytes"]),
-                          ("working MiB", working)):
+    columns = [("peak MiB", tail["peak_bytes"]), ("in use MiB", tail["current_bytes"]),
+               ("working MiB", working)]
+    if tail["allocator_reserved_bytes"].notna().any():
+        columns.append(("reserved but unallocated MiB", reserved_unallocated(tail)))
+    if tail["plan_bytes"].notna().any():
+        columns.append(("XLA plan MiB", tail["plan_bytes"]))
+    for title, values in columns:
         table[title] = (values.astype("float64") / 2**20).round(1)
     table["spike"] = tail["spike"].map({True: "SPIKE", False: ""})
     table = table[tail["step"].isin(steps[-last_n:])]
@@ -74,10 +78,14 @@ def _now(watch: Any) -> list[str]:
     lines = []
     for device, row in watch.sample_now().items():
         limit, _ = device_limit(row)
+        reserved, allocated = (row.get("allocator_reserved_bytes"),
+                               row.get("allocator_current_bytes"))
         lines.append(
             f"  {device}: in use {format_bytes(row.get('current_bytes'))}, peak since "
             f"the last sample {format_bytes(row.get('peak_bytes'))}"
-            + (f", limit {format_bytes(limit)}" if limit else ""))
+            + (f", limit {format_bytes(limit)}" if limit else "")
+            + (f", reserved but unallocated {format_bytes(max(reserved - allocated, 0))}"
+               if reserved is not None and allocated is not None else ""))
     return lines
 
 

@@ -22,7 +22,8 @@ from typing import Any, Optional, Union
 import numpy as np
 import pandas as pd
 
-from keras_memwatch.derived import (in_use_before, limit_of, main_device,
+from keras_memwatch import columns as C
+from keras_memwatch.derived import (in_use_before, limit_of, main_device, peaks_from_plan,
                                     spikes_from_frame)
 from keras_memwatch.units import MIB, format_bytes
 
@@ -31,6 +32,8 @@ logger = logging.getLogger("keras_memwatch")
 PathLike = Union[str, "os.PathLike[str]"]
 
 LABEL_PEAK = "peak during step"
+LABEL_PLANNED_PEAK = "planned peak (in use before + XLA plan)"
+LABEL_RESERVED = "reserved by the allocator"
 LABEL_IN_USE = "in use after step"
 LABEL_BASELINE = "usual range (baseline)"
 LABEL_SPIKE = "spike"
@@ -68,9 +71,12 @@ def _draw(ax: Any, rows: pd.DataFrame, spikes: pd.DataFrame, device: str,
                     facecolor="tab:green", alpha=0.25, edgecolor="tab:green",
                     linewidth=0.6, label=LABEL_BASELINE)
     ax.plot(step, _mib(rows["peak_bytes"]), color="tab:red", linewidth=1.2,
-            label=LABEL_PEAK)
+            label=LABEL_PLANNED_PEAK if peaks_from_plan(rows, device) else LABEL_PEAK)
     ax.plot(step, _mib(rows["current_bytes"]), color="tab:blue", linewidth=1.2,
             label=LABEL_IN_USE)
+    if rows[C.ALLOCATOR_RESERVED].notna().any():
+        ax.plot(step, _mib(rows[C.ALLOCATOR_RESERVED]), color="tab:gray",
+                linewidth=1, linestyle="--", label=LABEL_RESERVED)
     mine = spikes[spikes["device"].astype(str) == device] if len(spikes) else spikes
     if len(mine):
         x, y = mine["step"].to_numpy(), _mib(mine["peak_bytes"])

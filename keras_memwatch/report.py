@@ -44,6 +44,17 @@ def _device_lines(device: str, info: dict, spikes: pd.DataFrame) -> list[str]:
         lines.append("  limit: not recorded for the host, so no headroom")
     else:
         lines.append("  limit: no source reported one, so no headroom")
+    if info.get("plan_bytes") is not None:
+        lines.append(
+            f"  XLA plan of a step: {format_bytes(info['plan_bytes'])} typical, "
+            f"{format_bytes(info['plan_max_bytes'])} at most "
+            f"({info['plan_shapes']} distinct plan(s))")
+    if info.get("reserved_bytes") is not None:
+        lines.append(
+            f"  reserved by the allocator: {format_bytes(info['reserved_bytes'])} "
+            f"at most; reserved but unallocated: "
+            f"{format_bytes(info['unallocated_bytes'])} at most (cached or "
+            "fragmented: free to this framework only)")
     mine = spikes[spikes["device"].astype(str) == device] if len(spikes) else spikes
     if len(mine):
         worst = mine.loc[mine["peak_bytes"].astype("float64").idxmax()]

@@ -262,3 +262,13 @@ def test_plot_path_fine():
     assert P.plot_path_problem("new.png") is None
     assert P.plot_path_problem(__file__.replace(".py", ".png")) is None
     assert P.plot_path_problem(__file__ + ".pdf") is None
+
+
+def test_a_jax_gpus_planned_peak_and_an_allocators_reserve_are_named():
+    frame, spikes = record(steady(WORKING))
+    frame["plan_bytes"] = pd.array([pd.NA] + [600 * 2**20] * (len(frame) - 1),
+                                   dtype="Int64")
+    frame["allocator_reserved_bytes"] = frame["current_bytes"] + 64 * 2**20
+    (ax,) = plot_memory(frame, spikes).axes
+    assert find(ax, P.LABEL_PLANNED_PEAK) is not None
+    assert set(find(ax, P.LABEL_RESERVED).get_ydata()) == {564}

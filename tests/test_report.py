@@ -196,3 +196,14 @@ def test_one_process_reads_as_before_and_two_fits_get_two_sections():
     text = report_text(fits)
     assert "== process 0 on h (mem.1.csv) ==" in text
     assert "Across processes" not in text  # one process: nothing to compare
+
+
+def test_the_plan_and_the_reserve_are_in_the_summary():
+    frame, spikes = gpu_record()
+    frame["plan_bytes"] = pd.array([pd.NA] + [600 * MIB] * 14 + [9000 * MIB, 600 * MIB],
+                                   dtype="Int64")
+    frame["allocator_reserved_bytes"] = frame["current_bytes"] + 96 * MIB
+    text = summarize(frame, spikes)
+    assert "    XLA plan of a step: 600 MiB typical, 8.79 GiB at most (2 distinct plan(s))" in text
+    assert ("    reserved by the allocator: 596 MiB at most; reserved but unallocated: "
+            "96.0 MiB at most") in text
