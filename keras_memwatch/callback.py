@@ -212,7 +212,7 @@ class MemWatch(keras.callbacks.Callback):
         self._t0 = time.perf_counter()
         primary = devices.index(main_device(devices)) if devices else 0
         self._pipe = Pipeline(self._sampler, self._monitor, self._recorder, log,
-                              self._planner, primary, self._lock)
+                              self._planner, primary, self._lock, self._t0)
         self._hot_metrics(primary)
         self._training = True
         with self._lock:
@@ -436,6 +436,12 @@ class MemWatch(keras.callbacks.Callback):
                 f"XLA's plan of each training step, read where fit compiles: "
                 f"{self._planner.signatures} input signature(s), "
                 f"{self._planner.seconds:.2f} s in all")
+            quiet = [f"{d} at {n} step(s)" for d, n in
+                     zip(self._monitor.devices, self._monitor.compiling) if n]
+            if quiet:
+                notes[PLAN_SOURCE] += (
+                    "; not judged while XLA compiled a new input shape (that host "
+                    "memory is not a step's): " + ", ".join(quiet))
         elif self._plan_note:
             notes[PLAN_SOURCE] = self._plan_note
         return notes

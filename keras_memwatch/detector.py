@@ -158,6 +158,11 @@ class SpikeDetector:
         return self._plateau
 
     @property
+    def warming_up(self) -> bool:
+        """Whether the next value only seeds the baseline (is not judged)."""
+        return self._warm_left > 0
+
+    @property
     def baseline(self) -> Optional[float]:
         """The baseline in bytes that the last judged value was compared to.
 

@@ -47,6 +47,8 @@ class Pipeline:
         primary: index of the device whose figures go into Keras's logs.
         lock: the lock the batch hooks hold while they read and append to
             `pending`.
+        t0: `perf_counter()` at train begin, which sample times count from.
+            Defaults to `0.0`.
         interval_s: how often the background thread drains. Defaults to
             `0.1`.
         block: samples that wake the thread before `interval_s` is over.
@@ -55,14 +57,17 @@ class Pipeline:
 
     def __init__(self, sampler: Sampler, monitor: SpikeMonitor, recorder: Recorder,
                  log: Optional[CsvLog], planner: Optional[StepPlanner],
-                 primary: int, lock: threading.Lock, interval_s: float = 0.1,
-                 block: int = 32):
+                 primary: int, lock: threading.Lock, t0: float = 0.0,
+                 interval_s: float = 0.1, block: int = 32):
         self.sampler, self.monitor, self.recorder = sampler, monitor, recorder
         self.log, self.planner, self.primary = log, planner, primary
         self.interval_s, self.block = interval_s, block
         self.overdue_at = 2 * block
         self._lock = lock
         self._wake = threading.Event()
+        self._t0 = t0
+        self._last_read = t0  # when the previous sample was read
+        self._window = 0  # the first compilation that may still matter
         #: `(key, seconds since train begin, raw read)`, appended holding `lock`.
         self.pending: list[tuple[Key, float, list]] = []
         self.events: list[SpikeEvent] = []  # new spikes, for on_spike
@@ -130,7 +135,9 @@ class Pipeline:
             plan = self.planner.take(key) if judged and self.planner else None
             step = self.step
             self.step += 1
-            self.events.extend(self.monitor.judge(step, epoch, batch, judged, rows, plan))
+            self.events.extend(self.monitor.judge(
+                step, epoch, batch, judged, rows, plan,
+                compiled=self._compiled_since(time_s)))
             self.recorder.append(epoch, batch, phase, time_s, rows)
             if self.log is not None:
                 lines.append(self.log.format(step, epoch, batch, phase, time_s,
@@ -139,6 +146,17 @@ class Pipeline:
                 self._track(rows[self.primary])
         if lines:
             self._stream("".join(lines))
+
+    def _compiled_since(self, time_s: float) -> bool:
+        """Whether XLA compiled a new input shape between the previous
+        sample's read and this one's (JAX)."""
+        if self.planner is None:
+            return False
+        start, self._last_read = self._last_read, self._t0 + time_s
+        windows = self.planner.compilations
+        while self._window < len(windows) and windows[self._window][1] < start:
+            self._window += 1
+        return self._window < len(windows) and windows[self._window][0] <= self._last_read
 
     def _track(self, row: dict) -> None:
         self.last_current = row["current_bytes"]

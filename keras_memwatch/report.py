@@ -53,8 +53,9 @@ def _device_lines(device: str, info: dict, spikes: pd.DataFrame) -> list[str]:
         lines.append(
             f"  reserved by the allocator: {format_bytes(info['reserved_bytes'])} "
             f"at most; reserved but unallocated: "
-            f"{format_bytes(info['unallocated_bytes'])} at most (cached or "
-            "fragmented: free to this framework only)")
+            f"{format_bytes(info['unallocated_bytes'])} at most (its cache, block "
+            "rounding and fragmentation, or a pool it preallocated: free to "
+            "this framework only)")
     mine = spikes[spikes["device"].astype(str) == device] if len(spikes) else spikes
     if len(mine):
         worst = mine.loc[mine["peak_bytes"].astype("float64").idxmax()]

@@ -80,6 +80,8 @@ class SpikeMonitor:
                          for d, p, c in zip(self.devices, per_step,
                                             self._peak_columns)]
         self._marks: list[Optional[int]] = [None] * len(self.devices)
+        #: Per device: samples not judged because XLA compiled meanwhile.
+        self.compiling = [0] * len(self.devices)
         self._judged = [0] * len(self.devices)
         self._detectors = [
             SpikeDetector(window, threshold, min_delta_mb, warmup)
@@ -103,6 +105,7 @@ class SpikeMonitor:
         judged: bool,
         rows: Sequence[dict],
         plan: Optional[StepPlan] = None,
+        compiled: bool = False,
     ) -> list[SpikeEvent]:
         """Fills `baseline_bytes` and `spike` of each row (and `plan_bytes`,
         and a planned peak); returns new spikes.
@@ -111,6 +114,10 @@ class SpikeMonitor:
             judged: False for the train-begin row and non-training phases,
                 whose values only become the reference for the next step.
             plan: XLA's plan of the step, on JAX. Defaults to `None`.
+            compiled: XLA compiled a new input shape since the previous
+                sample (JAX). The host memory that takes is not a step's
+                working memory: devices the step does not run on are then
+                recorded, not judged. Defaults to `False`.
         """
         new = []
         for i, row in enumerate(rows):
@@ -128,6 +135,11 @@ class SpikeMonitor:
             if judged and current is not None:
                 self._drift[i].update(current)
             peak = row["peak_bytes"]
+            if (judged and compiled and not self._planned[i]
+                    and not self._detectors[i].warming_up):
+                self.compiling[i] += 1
+                self._end_burst(i)
+                continue
             if not judged or before is None:
                 self._end_burst(i)
                 continue

@@ -76,6 +76,9 @@ class StepPlanner:
         self._plans: dict[tuple, Optional[StepPlan]] = {}
         self._by_key: dict[Hashable, StepPlan] = {}
         self.seconds = 0.0  # spent reading plans
+        #: `(start, end)` perf_counter times of the steps that compiled a new
+        #: input shape (the compilation and the step's dispatch).
+        self.compilations: list[tuple[float, float]] = []
         self._warned = False
 
     @property
@@ -93,11 +96,15 @@ class StepPlanner:
             return ("the train step is not compiled by XLA (run_eagerly=True or "
                     "jit_compile=False), so it has no plan")
         self._plans, self._by_key, self.seconds, self._warned = {}, {}, 0.0, False
+        self.compilations = []
 
         def train_function(state: Any, iterator: Iterator) -> Any:
             drawn = _Drawn(iterator)
+            began, known = time.perf_counter(), len(self._plans)
             logs, state = original(state, drawn)
             self._planned(jitted, state, drawn.batches)
+            if len(self._plans) > known:  # XLA compiled a new input shape
+                self.compilations.append((began, time.perf_counter()))
             return logs, state
 
         setattr(train_function, _WRAPPED, original)

@@ -100,3 +100,22 @@ def test_the_planner_gives_the_train_function_back():
     assert planner.attach(model) is None  # again, as after a fit that raised
     planner.detach()
     assert model.train_function is original
+
+
+def test_memory_that_xla_takes_to_compile_a_new_shape_is_not_a_spike(memwatch_logs):
+    # A device the step does not run on (here a fake GPU beside JAX's CPU)
+    # jumps at both oversized batches; only the first compiled a new shape.
+    import sys
+
+    sys.path.insert(0, __import__("os").path.dirname(__file__))
+    from conftest import FakeProbe
+
+    mib = 2**20
+    oversized = [b for b in range(BATCHES) if (b + 1) % EVERY == 0]  # 5, 11, 17
+    values = [(500 * mib, 500 * mib)] + [
+        (500 * mib, (900 if b in oversized else 540) * mib) for b in range(BATCHES)]
+    watch = MemWatch(probes=[FakeProbe(values), "host"], verbose=0)
+    convnet().fit(Oversized(), epochs=1, shuffle=False, callbacks=[watch], verbose=0)
+    flagged = watch.spikes.query("device == 'GPU:0'")["batch"].tolist()
+    assert flagged == oversized[1:]  # batch 5 compiled the shape of 64
+    assert "not judged while XLA compiled a new input shape" in watch.sources["xla plan"]
