@@ -1,35 +1,39 @@
-"""Checks `estimate_max_batch_size` against reality on a GPU (issue 8).
+"""Checks `estimate_max_batch_size` against reality on a GPU (issues 8, 15).
 
-For each model (a convnet and a transformer-like block), under a memory
-limit set with `configure_memory(memory_limit_mb=...)`:
+For each model (a transformer on token inputs, a convnet and a
+transformer-like block), under a memory limit set with
+`configure_memory(memory_limit_mb=...)`:
 
-1. estimate the largest batch (each measuring method of the backend);
-2. train two steps at the predicted batch size (headroom 0.1: must run) and
-   at 1.25x of it (expected to run out of memory; if it runs, how close to
-   the limit it came), both watched by MemWatch inside `oom_guard`, so an
-   out-of-memory there also checks the guard's report on the GPU;
-3. search (bounded) for the largest batch that really trains two steps:
-   brackets around the headroom-0 prediction by factors of 1.08, then
-   bisects to 1% (the headroom-0 prediction is the line's, or on JAX the
-   ceiling found by compiling the step);
-4. print a table (predicted vs largest that ran, error %) and write JSON
-   (to `$OUT` when set, else `--out`).
+1. estimate the largest batch, each model in turn, in this process, timed
+   (the model restored exactly is checked);
+2. train the recommended size (headroom 0.1) for real, in a fresh process:
+   it must run;
+3. train the prediction without headroom, then search (bounded:
+   `--max-trials`) for the largest batch that really trains two steps, each
+   trial a fresh process: brackets from what ran or failed by 3% steps,
+   then bisects to 1%;
+4. PyTorch: train the size the estimate measured with
+   `expandable_segments:True`, in a fresh process started with
+   `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`;
+5. print a compact table and write JSON (to `--json PATH`; else to
+   `$OUT` or `--out`).
 
-Run one backend per process (the lead runs this; about 3-4 minutes per
-backend on an H200):
+The models' trials run side by side (one thread per model, each trial its
+own process: the cap is per process, and an H200 holds many 6-8 GiB caps),
+after every estimate has run alone. One command per backend, about 6-8
+minutes each on an H200 (16 CPU cores); JAX and PyTorch can run at once on
+two GPUs:
 
-    KERAS_BACKEND=jax   python -m benchmarks.verify_capacity --limit-mb 8192
-    KERAS_BACKEND=torch python -m benchmarks.verify_capacity --limit-mb 8192
+    CUDA_VISIBLE_DEVICES=0 KERAS_BACKEND=jax   python -m benchmarks.verify_capacity \
+        --limit-mb 6144 --json out/verify_jax.json &
+    CUDA_VISIBLE_DEVICES=1 KERAS_BACKEND=torch python -m benchmarks.verify_capacity \
+        --limit-mb 6144 --json out/verify_torch.json
 
-Every trial builds a fresh model, in this process; after an out-of-memory
-error the framework frees what the step held. Should a framework not
-recover (a size that ran once fails later: the JSON flags it as
-`poisoned`), rerun with `--isolate`, which runs each trial in a child
-process (slower: a JAX start and a compilation each).
+`--tiny` runs small models on the CPU under an address-space cap (`RLIMIT_AS`
+`--cpu-as-limit-mb` above the process's size), for a smoke test.
 
 JAX runs steps asynchronously, so a trial waits for the model's variables
-before it counts as run; the JSON records whether an out-of-memory error
-surfaced inside `fit` or only then (`deferred`).
+before it counts as run.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from typing import Any, Optional
 MIB = 2**20
 GIB = 2**30
 STEPS = 2
+TRIAL_TIMEOUT = 300
 
 
 def log(message: str) -> None:
@@ -77,6 +82,8 @@ def build(name: str) -> Any:
         h = layers.Conv2D(16, 3, padding="same", activation="relu")(h)
         h = layers.GlobalAveragePooling2D()(h)
         outputs = layers.Dense(10)(h)
+    elif name in ("transformer", "transformer_tiny"):
+        return build_transformer(name)
     elif name in ("block", "block_tiny"):
         seq, dim = (256, 256) if name == "block" else (64, 32)
         inputs = keras.Input((seq, dim))
@@ -98,6 +105,40 @@ def build(name: str) -> Any:
     return model
 
 
+#: The transformer of issue 15: 3 blocks, sequence 192, width 384, 6 heads,
+#: feed-forward 1536, vocabulary 8000, logits over the vocabulary.
+TRANSFORMER = {"transformer": dict(blocks=3, seq=192, dim=384, heads=6, ff=1536,
+                                   vocab=8000),
+               "transformer_tiny": dict(blocks=2, seq=32, dim=64, heads=4, ff=256,
+                                        vocab=1000)}
+
+
+def build_transformer(name: str) -> Any:
+    """Token inputs, pre-norm causal blocks, logits over the vocabulary;
+    AdamW, sparse categorical cross-entropy from logits."""
+    import keras
+    from keras import layers
+
+    c = TRANSFORMER[name]
+    tokens = keras.Input((c["seq"],), dtype="int32")
+    h = layers.Embedding(c["vocab"], c["dim"])(tokens)
+    for _ in range(c["blocks"]):
+        a = layers.LayerNormalization()(h)
+        a = layers.MultiHeadAttention(num_heads=c["heads"],
+                                      key_dim=c["dim"] // c["heads"])(
+            a, a, use_causal_mask=True)
+        h = h + a
+        m = layers.LayerNormalization()(h)
+        m = layers.Dense(c["ff"], activation="gelu")(m)
+        h = h + layers.Dense(c["dim"])(m)
+    h = layers.LayerNormalization()(h)
+    logits = layers.Dense(c["vocab"])(h)
+    model = keras.Model(tokens, logits, name=name)
+    model.compile(optimizer=keras.optimizers.AdamW(1e-4),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
 def sample_shape(name: str) -> tuple[int, ...]:
     return {"conv": (64, 64, 3), "block": (256, 256), "conv_tiny": (32, 32, 1),
             "block_tiny": (64, 32)}[name]
@@ -107,6 +148,11 @@ def data(name: str, n: int) -> tuple[Any, Any]:
     import numpy as np
 
     rng = np.random.default_rng(0)
+    if name in TRANSFORMER:
+        c = TRANSFORMER[name]
+        tokens = rng.integers(0, c["vocab"], size=(64, c["seq"] + 1)).astype("int32")
+        index = np.arange(n) % 64
+        return tokens[index, :-1], tokens[index, 1:]
     base = rng.standard_normal((64,) + sample_shape(name), dtype=np.float32)
     labels = rng.integers(0, 10, size=64).astype("int32")
     index = np.arange(n) % 64
@@ -259,15 +305,21 @@ def _how_close(model: Any, name: str, batch: int, backend: str,
 
 
 def trial_in_child(name: str, batch: int, backend: str, limit_mb: float,
-                   cpu_as_limit_mb: Optional[float] = None) -> dict[str, Any]:
-    """`trial` in a fresh process (for `--isolate`)."""
+                   cpu_as_limit_mb: Optional[float] = None,
+                   env: Optional[dict[str, str]] = None) -> dict[str, Any]:
+    """`trial` in a fresh process."""
     began = time.perf_counter()
     extra = ["--cpu-as-limit-mb", str(cpu_as_limit_mb)] if cpu_as_limit_mb else []
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.verify_capacity", "--limit-mb",
-         str(limit_mb), "--trial", name, str(batch), *extra],
-        capture_output=True, text=True, timeout=600,
-        env=dict(os.environ, KERAS_BACKEND=backend))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.verify_capacity", "--limit-mb",
+             str(limit_mb), "--trial", name, str(batch), *extra],
+            capture_output=True, text=True, timeout=TRIAL_TIMEOUT,
+            env=dict(os.environ, KERAS_BACKEND=backend, **(env or {})))
+    except subprocess.TimeoutExpired:
+        out = {"batch": batch, "result": "error", "error": "timed out"}
+        log(f"  {name} batch {batch}: timed out")
+        return out
     for line in reversed(done.stdout.splitlines()):
         if line.startswith("{"):
             out = json.loads(line)
@@ -364,9 +416,11 @@ def _state(model: Any) -> list[Any]:
 
 
 def estimate(name: str, method: str, backend: str) -> dict[str, Any]:
-    from keras_memwatch.capacity import estimate_max_batch_size
-
+    """The estimate for a fresh model with some history, timed; whether the
+    model came back exactly."""
     import numpy as np
+
+    from keras_memwatch.capacity import estimate_max_batch_size
 
     model = build(name)
     x, y = data(name, 64)
@@ -374,7 +428,10 @@ def estimate(name: str, method: str, backend: str) -> dict[str, Any]:
     state = _state(model)
     began = time.perf_counter()
     try:
-        result = estimate_max_batch_size(model, x, y, method=method)
+        result = estimate_max_batch_size(
+            model, x, y, method=method,
+            progress=lambda line: log("    " + line.replace(
+                "estimate_max_batch_size: ", "")))
         seconds = round(time.perf_counter() - began, 2)
         after = _state(model)
         restored = len(after) == len(state) and all(
@@ -386,59 +443,55 @@ def estimate(name: str, method: str, backend: str) -> dict[str, Any]:
     out = result.to_dict()
     out["seconds"] = seconds
     out["restored_exactly"] = restored
-    log(f"  estimate ({method}, {seconds} s, model restored exactly: {restored}): "
-        f"{result.explanation}")
+    out["text"] = str(result)
+    log(f"  estimate ({method}, {seconds} s, model restored exactly: {restored}):\n"
+        f"{result}")
     out["raw_batch_size"] = (result.ceiling_batch_size
                              if result.ceiling_batch_size is not None
                              else result.batch_size_for(0.0))
     return out
 
 
-def verify_model(name: str, backend: str, methods: list[str], args: argparse.Namespace,
-                 limit_bytes: Optional[int], out_dir: str) -> dict[str, Any]:
-    log(f"model {name}")
-    estimates = {m: estimate(name, m, backend) for m in methods}
-    primary = estimates[methods[0]]
+def verify_trials(name: str, backend: str, primary: dict[str, Any],
+                  args: argparse.Namespace) -> dict[str, Any]:
+    """The real trials of one model, each in a fresh process."""
     predicted, raw = primary["predicted_batch_size"], primary["raw_batch_size"]
-    result: dict[str, Any] = {"model": name, "backend": backend, "estimates": estimates,
-                              "trials": []}
+    result: dict[str, Any] = {"trials": []}
     if predicted is None:
-        log(f"  no prediction: {primary['explanation']}")
+        log(f"  {name}: no prediction: {primary['explanation']}")
         return result
 
-    def run(b: int, watched: bool = False) -> dict[str, Any]:
-        if args.isolate:
-            t = trial_in_child(name, b, backend, args.limit_mb, args.cpu_as_limit_mb)
-        else:
-            where = (os.path.join(out_dir, f"guard_{backend}_{name}") if watched
-                     else None)
-            t = trial(name, b, backend, where, limit_bytes)
+    def run(b: int, env: Optional[dict[str, str]] = None) -> dict[str, Any]:
+        t = trial_in_child(name, b, backend, args.limit_mb, args.cpu_as_limit_mb, env)
+        t["env"] = env or {}
         result["trials"].append(t)
         return t
 
-    at_predicted = run(predicted, watched=True)
-    over = max(int(round(predicted * 1.25)), predicted + 1)
-    at_over = run(over, watched=True)
-    known = {predicted: at_predicted["result"], over: at_over["result"]}
-    found = search(run, raw or predicted, known, args.max_trials)
+    at_predicted = run(predicted)
+    known = {predicted: at_predicted["result"]}
+    if raw and raw != predicted:
+        known[raw] = run(raw)["result"]  # the prediction without headroom itself
+    found = search(run, raw or predicted, known, args.max_trials, factor=1.03)
     largest = found["largest_ran"]
-    # Run the largest once more: a framework that did not recover from an
-    # out-of-memory error would fail it now.
-    poisoned = None
-    if largest is not None and not args.isolate:
-        poisoned = run(largest)["result"] != "ran"
-    result.update(
-        predicted=predicted, raw_predicted=raw, over_batch=over,
-        at_predicted=at_predicted["result"], at_over=at_over["result"],
-        at_over_detail={k: at_over.get(k) for k in
-                        ("peak_of_limit", "peak_reserved_bytes", "planned_peak_bytes",
-                         "error", "guard")},
-        search=found, largest_ran=largest, poisoned=poisoned,
-        errors={m: _error(e["raw_batch_size"], largest) for m, e in estimates.items()},
-        errors_headroom={m: _error(e["predicted_batch_size"], largest)
-                         for m, e in estimates.items()},
-    )
+    result.update(predicted=predicted, raw_predicted=raw,
+                  at_predicted=at_predicted["result"], search=found,
+                  largest_ran=largest, error_pct=_error(raw, largest),
+                  error_headroom_pct=_error(predicted, largest))
+    expandable = primary.get("expandable_batch_size")
+    if backend == "torch" and expandable and args.expandable_check:
+        env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+        result["expandable"] = {
+            "batch": expandable,
+            "fresh_process": run(expandable, env)["result"],
+            "above": run(int(math.ceil(expandable * 1.03)), env)["result"]}
     return result
+
+
+def verify_model(name: str, backend: str, methods: list[str],
+                 args: argparse.Namespace) -> dict[str, Any]:
+    log(f"model {name}: estimate")
+    estimates = {m: estimate(name, m, backend) for m in methods}
+    return {"model": name, "backend": backend, "estimates": estimates}
 
 
 def _error(predicted: Optional[int], largest: Optional[int]) -> Optional[float]:
@@ -451,24 +504,24 @@ def _error(predicted: Optional[int], largest: Optional[int]) -> Optional[float]:
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    header = ("model", "backend", "method", "pred h=0", "pred h=.1", "largest ran",
-              "err h=0", "at pred", "1.25x", "est s", "restored")
+    header = ("backend", "model", "predicted h=0", "largest ran", "error",
+              "recommended h=.1", "it trained", "est. s", "restored",
+              "expandable")
     rows = [header]
     for r in results:
-        for method, e in r["estimates"].items():
-            err = r.get("errors", {}).get(method)
-            over = r.get("at_over")
-            if over == "ran":
-                close = r.get("at_over_detail", {}).get("peak_of_limit")
-                over = f"ran ({close:.0%} of limit)" if close else "ran"
-            rows.append((
-                r["model"], r["backend"], e.get("method", method),
-                str(e.get("raw_batch_size")),
-                str(e.get("predicted_batch_size")), str(r.get("largest_ran")),
-                "" if err is None else f"{err:+.1f}%",
-                str(r.get("at_predicted", "")),
-                f"{r.get('over_batch', '')} {over or ''}",
-                str(e.get("seconds")), str(e.get("restored_exactly"))))
+        e = next(iter(r.get("estimates", {}).values()), {})
+        err = r.get("error_pct")
+        expandable = r.get("expandable")
+        rows.append((
+            r["backend"], r["model"], str(e.get("raw_batch_size")),
+            str(r.get("largest_ran")) + ("" if r.get("search", {}).get("resolved", True)
+                                         else " (unresolved)"),
+            "" if err is None else f"{err:+.1f}%",
+            str(e.get("predicted_batch_size")), str(r.get("at_predicted", "")),
+            str(e.get("seconds")), str(e.get("restored_exactly")),
+            "" if not expandable else
+            f"{expandable['batch']}: {expandable['fresh_process']}, "
+            f"x1.03: {expandable['above']}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows)
 
@@ -491,18 +544,29 @@ def _cap_address_space(mb: float) -> None:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--limit-mb", type=float, default=8192,
-                        help="memory limit set through configure_memory (default 8192)")
-    parser.add_argument("--models", default="conv,block")
-    parser.add_argument("--methods", default=None,
-                        help="comma list; default: jax: auto (xla on a GPU); torch: "
-                             "auto,probes (auto: reserved on a GPU); the first one "
-                             "drives the trials")
-    parser.add_argument("--max-trials", type=int, default=8,
-                        help="search trials per model, besides the two checks")
-    parser.add_argument("--isolate", action="store_true",
-                        help="run each trial in a child process")
-    parser.add_argument("--out", default=".", help="JSON folder when $OUT is not set")
+    parser.add_argument("--limit-mb", type=float, default=6144,
+                        help="memory limit set through configure_memory (default 6144)")
+    parser.add_argument("--models", default=None,
+                        help="comma list (default: transformer,conv,block; with "
+                             "--tiny: transformer_tiny,conv_tiny)")
+    parser.add_argument("--methods", default="auto",
+                        help="comma list (default: auto); the first one drives "
+                             "the trials")
+    parser.add_argument("--max-trials", type=int, default=5,
+                        help="search trials per model, besides the recommended "
+                             "size and the prediction without headroom (default 5)")
+    parser.add_argument("--no-expandable-check", dest="expandable_check",
+                        action="store_false",
+                        help="PyTorch: skip training the expandable_segments "
+                             "answer in a process started with it")
+    parser.add_argument("--json", default=None, metavar="PATH",
+                        help="write the results here (default: "
+                             "$OUT or --out, verify_capacity_BACKEND.json)")
+    parser.add_argument("--out", default=".", help="JSON folder when --json and "
+                                                   "$OUT are not set")
+    parser.add_argument("--tiny", action="store_true",
+                        help="small models, for a smoke test on a CPU (use with "
+                             "--cpu-as-limit-mb)")
     parser.add_argument("--trial", nargs=2, metavar=("MODEL", "BATCH"),
                         help=argparse.SUPPRESS)
     parser.add_argument("--cpu-as-limit-mb", type=float, default=None,
@@ -527,13 +591,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     limit_bytes = config.limit_bytes(0)
     if args.cpu_as_limit_mb:
         _cap_address_space(args.cpu_as_limit_mb)
-    out_dir = os.environ.get("OUT") or args.out
-    os.makedirs(out_dir, exist_ok=True)
-    methods = (args.methods.split(",") if args.methods else
-               ["auto"] if backend == "jax" else ["auto", "probes"])
+    models = (args.models or ("transformer_tiny,conv_tiny" if args.tiny else
+                              "transformer,conv,block")).split(",")
+    methods = args.methods.split(",")
+    path = args.json or os.path.join(os.environ.get("OUT") or args.out,
+                                     f"verify_capacity_{backend}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     report: dict[str, Any] = {"backend": backend, "limit_mb": args.limit_mb,
                               "limit_bytes": limit_bytes, "methods": methods,
-                              "memory_config": str(config), "results": []}
+                              "memory_config": str(config), "results": [],
+                              "alloc_conf": {k: os.environ.get(k) for k in (
+                                  "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}}
     try:
         from benchmarks.common import machine_info
 
@@ -541,31 +609,39 @@ def main(argv: Optional[list[str]] = None) -> int:
     except Exception as e:
         report["machine"] = repr(e)
     began = time.perf_counter()
-    for name in args.models.split(","):
+    # 1. The estimates, one model at a time, alone (they are timed).
+    for name in models:
         try:
-            report["results"].append(
-                verify_model(name, backend, methods, args, limit_bytes, out_dir))
+            report["results"].append(verify_model(name, backend, methods, args))
         except Exception:
             report["results"].append({"model": name, "backend": backend,
                                       "estimates": {},
                                       "failure": traceback.format_exc()})
             log(traceback.format_exc())
+    report["estimates_seconds"] = round(time.perf_counter() - began, 1)
+    # 2. The trials, fresh processes, the models side by side.
+    import concurrent.futures
+
+    def trials_of(r: dict[str, Any]) -> None:
+        if not r.get("estimates"):
+            return
+        try:
+            r.update(verify_trials(r["model"], backend,
+                                   r["estimates"][methods[0]], args))
+        except Exception:
+            r["failure"] = traceback.format_exc()
+            log(r["failure"])
+
+    with concurrent.futures.ThreadPoolExecutor(max(len(models), 1)) as pool:
+        list(pool.map(trials_of, report["results"]))
     report["seconds"] = round(time.perf_counter() - began, 1)
-    path = os.path.join(out_dir, f"verify_capacity_{backend}.json")
     with open(path, "w") as f:
         json.dump(report, f, indent=2, default=str)
     print()
     print(table(report["results"]))
     print()
-    print(json.dumps({r["model"]: {"predicted": r.get("predicted"),
-                                   "raw_predicted": r.get("raw_predicted"),
-                                   "largest_ran": r.get("largest_ran"),
-                                   "errors_pct": r.get("errors"),
-                                   "at_predicted": r.get("at_predicted"),
-                                   "at_1.25x": r.get("at_over"),
-                                   "poisoned": r.get("poisoned")}
-                      for r in report["results"]}, indent=1))
-    log(f"wrote {path} ({report['seconds']} s)")
+    log(f"wrote {path} ({report['seconds']} s; estimates "
+        f"{report['estimates_seconds']} s)")
     return 0
 
 

@@ -116,3 +116,31 @@ def test_runner_quick_prints_a_table_and_writes_json(tmp_path):
     merged = merge([str(out), str(out)])
     assert list(merged["backends"]) == [f"{backend}/cpu"]
     assert "### Overhead on training" in render(merged)
+
+
+def test_verify_capacity_tiny_prints_the_table_and_writes_json(tmp_path):
+    """The GPU check of issue 15, in its tiny CPU mode: estimate, the
+    recommendation trained in a fresh process, a bounded search."""
+    import importlib.util
+
+    backend = "torch" if importlib.util.find_spec("torch") else None
+    if backend is None:
+        pytest.skip("needs torch")
+    out = tmp_path / "verify.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.verify_capacity", "--tiny",
+         "--models", "transformer_tiny", "--cpu-as-limit-mb", "1500",
+         "--max-trials", "1", "--json", str(out)],
+        cwd=str(ROOT), capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "KERAS_BACKEND": backend,
+             "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "predicted h=0" in proc.stdout and "transformer_tiny" in proc.stdout
+    report = json.loads(out.read_text())
+    (result,) = report["results"]
+    estimate = result["estimates"]["auto"]
+    assert estimate["restored_exactly"] is True
+    assert estimate["predicted_batch_size"] > 0
+    assert result["at_predicted"] in ("ran", "oom")
+    assert 1 <= len(result["trials"]) <= 3
+    assert all(t["result"] in ("ran", "oom") for t in result["trials"])

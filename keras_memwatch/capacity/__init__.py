@@ -37,6 +37,25 @@ How a step's working memory is measured, per device (`method="auto"`):
   a high-water mark (JAX on a GPU with `method="probes"`), a size counts
   only when the mark rose during its steps, and then includes its first
   step (compilation, autotuning).
+- On a GPU measured by the allocator (PyTorch, TensorFlow) the ladder climbs
+  to a quarter of the free memory (never trying a size expected above
+  half), PyTorch's reserved peak of each step is recorded beside its
+  allocated peak, and the answer is then confirmed by real steps
+  (`confirm`): under an allocator cap, the largest batch that trains under
+  the whole limit is searched (at most 8 steps, from the allocated line's
+  answer down towards the reserved line's); the answer under the headroom
+  is the line's scaled by what the allocator needed there, and one real
+  step at it must run (else it steps down 5%). The allocator settings in
+  effect are reported, and where `expandable_segments` is off the boundary
+  is searched again with it switched on in this process (see
+  `allocator`), then switched back.
+- JAX on a GPU: the ladder trains one size and compiles the others side by
+  side; the checks share rounds of parallel compilations, the ceiling is
+  aimed by compilations without autotuning and every answer is confirmed
+  by the compilation `fit` makes (`xla_compile`, `xla_check`).
+- JAX on the CPU: the host's peak RSS answers; XLA's plan at the same
+  sizes (from JAX's cache) is reported beside it, and the smaller answer
+  is used, saying why (`alternatives`).
 - PyTorch on a GPU can also be measured by the caching allocator's peak
   *reserved* bytes (`method="reserved"`), which its per-process cap bounds.
   On an H200 under an 8 GiB cap (a 4-layer convnet) it predicted 785 where
@@ -73,9 +92,11 @@ The package's modules, one job each: `fit` (the line), `result`
 (`CapacityEstimate` and its text), `host_memory` (the host's available
 memory), `batches` (the sample batch, grown to any size), `model_state`
 (building the model and putting its state back), `meter` (a step's working
-memory on one device), `ladder` (the batch sizes tried), `xla_check`
-(checking the answer by compiling the step) and `estimate`
-(`estimate_max_batch_size`).
+memory on one device), `ladder` (the batch sizes tried), `allocator`
+(PyTorch's caching allocator: settings, cache, peaks), `confirm` (real
+steps near the limit on a GPU), `xla_compile` (XLA's plans, side by side,
+and the searches over them), `xla_check` (checking the answer by compiling
+the step) and `estimate` (`estimate_max_batch_size`).
 
 This package imports no framework and no Keras until a function runs.
 """
@@ -90,7 +111,9 @@ from keras_memwatch.capacity.result import (
     LIMIT_ALLOCATOR,
     LIMIT_HOST,
     LIMIT_NVML,
+    Alternative,
     CapacityEstimate,
+    Trial,
     sizes_text,
 )
 
@@ -100,6 +123,8 @@ __all__ = [
     "LIMIT_HOST",
     "LIMIT_NVML",
     "METHODS",
+    "Alternative",
+    "Trial",
     "CapacityEstimate",
     "LinearFit",
     "estimate_max_batch_size",

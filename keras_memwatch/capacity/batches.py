@@ -39,6 +39,7 @@ class Batches:
 
     def __init__(self, x: Any, y: Any):
         import keras
+        import numpy as np
 
         self.x = keras.tree.map_structure(_as_array, x)
         self.y = None if y is None else keras.tree.map_structure(_as_array, y)
@@ -50,6 +51,10 @@ class Batches:
                 "Expected every array of `x` and `y` to hold the same, non-zero "
                 f"number of samples. Received: {sorted(sizes)}")
         self.n = sizes.pop()
+        #: Bytes of one sample of the inputs and targets together.
+        self.bytes_per_sample = sum(
+            int(a.itemsize) * int(np.prod(a.shape[1:], dtype=np.int64))
+            for a in leaves)
 
     def take(self, size: int) -> tuple[Any, Any]:
         """`(x, y)` of `size` samples, the sample batch repeated as needed."""

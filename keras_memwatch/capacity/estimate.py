@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from keras_memwatch import options
+from keras_memwatch.capacity import xla_compile
 from keras_memwatch.capacity.batches import Batches
+from keras_memwatch.capacity.confirm import confirm_by_training
 from keras_memwatch.capacity.fit import LinearFit, fit_linear, predict_batch_size
 from keras_memwatch.capacity.ladder import Ladder, climb
 from keras_memwatch.capacity.meter import METHOD_WORDS, METHODS, Meter
 from keras_memwatch.capacity.model_state import ModelState, build_for_training
 from keras_memwatch.capacity.result import (
     LIMIT_HOST,
+    Alternative,
     CapacityEstimate,
     check_headroom,
-    signed_bytes,
     sizes_text,
 )
 from keras_memwatch.capacity.xla_check import check_compiled
@@ -36,6 +40,7 @@ def estimate_max_batch_size(
     device: Optional[str] = None,
     headroom: float = 0.1,
     method: str = "auto",
+    progress: Optional[Callable[[str], None]] = None,
 ) -> CapacityEstimate:
     """Predicts the largest training batch that fits in the device's memory.
 
@@ -44,10 +49,13 @@ def estimate_max_batch_size(
     (batch size, working memory), and solves for the largest batch under
     the device's limit less `headroom`: `floor((limit x (1 - headroom) -
     static) / per_sample)`, where `static` is the memory in use before the
-    steps plus the line's constant part. Afterwards every variable of the
-    model, its optimizer (slots, iteration counter) and its metrics holds
-    exactly the value it had before. A model or optimizer not built yet is
-    built first (as `fit` would), and stays built.
+    steps plus the line's constant part. On a GPU the answer is then
+    checked: on JAX by compiling the step at the sizes around it, on
+    PyTorch and TensorFlow by training real steps near the limit and one
+    at the answer itself (see `keras_memwatch.capacity`). Afterwards every
+    variable of the model, its optimizer (slots, iteration counter) and its
+    metrics holds exactly the value it had before. A model or optimizer
+    not built yet is built first (as `fit` would), and stays built.
 
     Args:
         model: a compiled Keras model.
@@ -64,6 +72,10 @@ def estimate_max_batch_size(
         method: how a step's working memory is measured: `"auto"`,
             `"xla"` (JAX), `"reserved"` (PyTorch on a GPU) or `"probes"`.
             Defaults to `"auto"`.
+        progress: receives a line of text at each step, size and
+            compilation while the estimate runs (a compilation on a GPU
+            takes seconds). Defaults to `None`: the lines go to the
+            `keras_memwatch` logger at level INFO.
 
     Returns:
         A `CapacityEstimate`. Its `predicted_batch_size` is `None`, and its
@@ -84,7 +96,12 @@ def estimate_max_batch_size(
     model.fit(x, y, batch_size=estimate.predicted_batch_size)
     ```
     """
+    began = time.perf_counter()
     sizes = _check_arguments(model, trial_sizes, headroom, method)
+    if progress is not None and not callable(progress):
+        raise ValueError("Expected `progress` to be a callable taking a string, or "
+                         f"None. Received: progress={progress!r}")
+    say = progress if progress is not None else _log
     import keras
 
     backend = keras.backend.backend()
@@ -93,14 +110,26 @@ def estimate_max_batch_size(
     state = ModelState(model)
     meter = Meter(backend, device, method)
     try:
-        ladder = climb(model, data, meter, sizes, headroom)
+        ladder = climb(model, data, meter, sizes, headroom, say)
+        estimate = _result(ladder, meter, backend, headroom, data)
+        if (estimate.predicted_batch_size is not None and meter.on_gpu
+                and meter.method in ("probes", "reserved")):
+            estimate = confirm_by_training(estimate, model, data, meter,
+                                           meter.cache, say, ladder.failed)
+        if backend == "jax" and not meter.on_gpu:
+            estimate = _compare_with_xla(estimate, model, data, meter)
     finally:
         _put_back(state, meter)
-    estimate = _result(ladder, meter, backend, headroom)
     if meter.method == "xla" and estimate.predicted_batch_size is not None:
-        estimate = check_compiled(estimate, model, data.take(1))
+        estimate = check_compiled(estimate, model, data.take(1), say)
+    estimate = dataclasses.replace(
+        estimate, seconds=round(time.perf_counter() - began, 2))
     logger.info("%s", estimate.explanation)
     return estimate
+
+
+def _log(message: str) -> None:
+    logger.info("%s", message)
 
 
 def _check_arguments(model: Any, trial_sizes: Optional[Sequence[int]],
@@ -144,15 +173,15 @@ def _put_back(state: ModelState, meter: Meter) -> None:
     try:
         state.restore()
     finally:
-        if meter.method == "reserved":
-            import torch
+        try:
+            if meter.cache is not None:
+                meter.cache.free()
+        finally:
+            meter.close()
 
-            torch.cuda.empty_cache()
-        meter.close()
 
-
-def _result(ladder: Ladder, meter: Meter, backend: str,
-            headroom: float) -> CapacityEstimate:
+def _result(ladder: Ladder, meter: Meter, backend: str, headroom: float,
+            data: Batches) -> CapacityEstimate:
     """The estimate from the ladder's measurements, with its explanation."""
     fit = fit_linear(ladder.points)
     where = f"{meter.device} ({backend}, {METHOD_WORDS[meter.words]})"
@@ -162,10 +191,25 @@ def _result(ladder: Ladder, meter: Meter, backend: str,
         measurements=tuple(ladder.points), headroom=headroom,
         in_use_bytes=meter.baseline, device=meter.device, backend=backend,
         method=meter.method, measured_by=METHOD_WORDS[meter.words])
+    if ladder.reserved:
+        common["reserved_measurements"] = tuple(ladder.reserved)
+        reserved = fit_linear(ladder.reserved)
+        if reserved.linear:
+            common["reserved_static_bytes"] = int(round(reserved.constant_bytes))
+            common["reserved_per_sample_bytes"] = reserved.per_sample_bytes
     reason = _no_prediction_reason(fit, ladder, meter)
     if reason is not None:
-        return _without_prediction(fit, ladder, reason, where, common)
-    return _with_prediction(fit, ladder, meter, where, headroom, common)
+        return _without_prediction(fit, ladder, reason, where, common, data)
+    return _with_prediction(fit, ladder, meter, where, headroom, common, data)
+
+
+def _repeated(data: Batches, ladder: Ladder) -> str:
+    """A note that the trial batches repeat the sample given, or `""`."""
+    largest = max((b for b, _ in ladder.points), default=0)
+    if largest <= data.n:
+        return ""
+    return (f"; trial batches repeat the {data.n} samples given (memory does not "
+            "depend on the values)")
 
 
 def _no_prediction_reason(fit: LinearFit, ladder: Ladder,
@@ -186,12 +230,15 @@ def _no_prediction_reason(fit: LinearFit, ladder: Ladder,
 
 
 def _without_prediction(fit: LinearFit, ladder: Ladder, reason: str, where: str,
-                        common: dict[str, Any]) -> CapacityEstimate:
-    """An estimate without a prediction, saying why."""
+                        common: dict[str, Any], data: Batches) -> CapacityEstimate:
+    """An estimate without a prediction, saying what was measured and why."""
     limit_bytes, source, detail = ladder.limit
-    sizes = [b for b, _ in ladder.points]
-    measured = (f"measured at batch sizes {sizes_text(sizes)}" if sizes
-                else "nothing measured")
+    measured = ("measured: " + ", ".join(f"batch {b} {format_bytes(w)}"
+                                         for b, w in ladder.points)
+                if ladder.points else "nothing measured")
+    measured += _repeated(data, ladder)
+    if ladder.bounded:
+        measured += f"; {ladder.bounded}"
     if ladder.hidden:
         measured += (f"; sizes {sizes_text(ladder.hidden)} hidden under an earlier "
                      "high-water mark")
@@ -201,36 +248,47 @@ def _without_prediction(fit: LinearFit, ladder: Ladder, reason: str, where: str,
     if limit_bytes is not None:
         explanation += f"; limit: {source} {format_bytes(limit_bytes)} ({detail})"
     explanation += "."
-    fitted = fit if fit.static_bytes == fit.static_bytes else None
+    # A refused line keeps no figures (its slope or intercept may be
+    # negative, and nothing should be read from it); a line refused only
+    # for want of a limit keeps them.
+    kept = fit if fit.linear else None
     return CapacityEstimate(
         predicted_batch_size=None, static_bytes=None,
-        per_sample_bytes=fitted.per_sample_bytes if fitted else None,
-        residual=fitted.residual if fitted else None,
-        r_squared=fitted.r_squared if fitted else None,
-        fit_batch_sizes=fit.batch_sizes if fitted else (),
-        step_static_bytes=int(fitted.static_bytes) if fitted else None,
+        per_sample_bytes=kept.per_sample_bytes if kept else None,
+        residual=kept.residual if kept else None,
+        r_squared=kept.r_squared if kept else None,
+        fit_batch_sizes=kept.batch_sizes if kept else (),
+        step_static_bytes=int(round(kept.constant_bytes)) if kept else None,
         explanation=explanation, **common)
 
 
 def _with_prediction(fit: LinearFit, ladder: Ladder, meter: Meter, where: str,
-                     headroom: float, common: dict[str, Any]) -> CapacityEstimate:
+                     headroom: float, common: dict[str, Any],
+                     data: Batches) -> CapacityEstimate:
     """The line's prediction under the limit less the headroom."""
     limit_bytes, source, detail = ladder.limit
     assert limit_bytes is not None and meter.baseline is not None
-    static = int(round(meter.baseline + fit.static_bytes))
+    constant = fit.constant_bytes
+    static = int(round(meter.baseline + constant))
     predicted = predict_batch_size(limit_bytes, headroom, static, fit.per_sample_bytes)
     fit_sizes = fit.batch_sizes
+    per_step = (f"+ {format_bytes(constant)} constant per step" if constant > 0 else
+                "and no constant part per step"
+                + (" (the line reaches zero just above batch 0, within the "
+                   "measurements' noise: taken as 0)" if fit.static_bytes < 0 else ""))
     explanation = (
         f"Largest batch {predicted} on {where}: {source} "
         f"{format_bytes(limit_bytes)} less {headroom:.0%} headroom, minus "
         f"{format_bytes(static)} that does not grow with the batch "
-        f"({format_bytes(meter.baseline)} in use {signed_bytes(fit.static_bytes)} "
-        f"constant per step), at {format_bytes(fit.per_sample_bytes)} per sample; "
+        f"({format_bytes(meter.baseline)} in use {per_step}), at "
+        f"{format_bytes(fit.per_sample_bytes)} per sample; "
         f"linear within {fit.residual:.1%} over batch sizes "
         f"{fit_sizes[0]}-{fit_sizes[-1]}"
         + (f"; size(s) {sizes_text(ladder.hidden)} hidden under an earlier "
            "high-water mark" if ladder.hidden else "")
         + (f"; {ladder.stopped}" if ladder.stopped else "")
+        + (f"; {ladder.bounded}" if ladder.bounded else "")
+        + _repeated(data, ladder)
         + (f" ({detail})" if source == LIMIT_HOST else "") + ".")
     if predicted == 0:
         explanation = "Not even a batch of 1 fits: " + explanation
@@ -239,5 +297,61 @@ def _with_prediction(fit: LinearFit, ladder: Ladder, meter: Meter, where: str,
         predicted_batch_size=predicted, static_bytes=static,
         per_sample_bytes=fit.per_sample_bytes, residual=fit.residual,
         r_squared=fit.r_squared, fit_batch_sizes=fit_sizes,
-        step_static_bytes=int(round(fit.static_bytes)), explanation=explanation,
+        step_static_bytes=int(round(constant)), explanation=explanation,
         **common)
+
+
+#: Why the host's peak RSS answers on the CPU, where XLA's plan says more fits.
+_RSS_KEPT = ("XLA's plan counts only XLA's own buffers, not the batch's host "
+             "copies, the runtime's allocations outside the plan or what the "
+             "allocator keeps from earlier steps; the host's peak RSS is what the "
+             "host really holds, so its answer is used")
+_XLA_KEPT = ("XLA's plan needs more per batch than the host's RSS grew by (buffers "
+             "the CPU runtime may reuse or never touch); the smaller answer is used")
+
+
+def _compare_with_xla(estimate: CapacityEstimate, model: Any, data: Batches,
+                      meter: Meter) -> CapacityEstimate:
+    """JAX on the CPU: XLA's plan beside the host's RSS, and which is used.
+
+    The plans at the ladder's sizes come from JAX's cache (the ladder's
+    steps compiled them). The answer is the smaller of the two; the other
+    is kept in `alternatives`, with why.
+    """
+    if estimate.predicted_batch_size is None or estimate.limit_bytes is None:
+        return estimate
+    if meter.method == "xla":
+        return dataclasses.replace(estimate, explanation=(
+            f"{estimate.explanation} On the CPU the default method is the host's "
+            "peak RSS, which also counts what XLA's plan leaves out (the batch's "
+            "host copies, the runtime's own allocations): pass method='probes' "
+            "to compare."))
+    try:
+        points = [(b, xla_compile.plan_one(model, data.take(1), b))
+                  for b, _ in estimate.measurements]
+    except Exception as e:
+        logger.info("estimate_max_batch_size: no XLA plan to compare (%r)", e)
+        return estimate
+    fit = fit_linear(points)
+    if not fit.linear or estimate.in_use_bytes is None:
+        return estimate
+    other = predict_batch_size(estimate.limit_bytes, estimate.headroom,
+                               estimate.in_use_bytes + fit.constant_bytes,
+                               fit.per_sample_bytes)
+    own = estimate.predicted_batch_size
+    words = METHOD_WORDS["xla"]
+    if other >= own:
+        alternative = Alternative("xla", words, other, fit.per_sample_bytes, _RSS_KEPT)
+        text = (f" Method: {estimate.measured_by} (the default on the CPU). "
+                f"{words} gives {other} ({format_bytes(fit.per_sample_bytes)} per "
+                f"sample against {format_bytes(estimate.per_sample_bytes or 0)} "
+                f"measured): {_RSS_KEPT}.")
+        return dataclasses.replace(estimate, alternatives=(alternative,),
+                                   explanation=estimate.explanation + text)
+    alternative = Alternative("probes", estimate.measured_by, own,
+                              estimate.per_sample_bytes, _XLA_KEPT)
+    text = (f" Method: {words} gives {other}, less than the {own} of "
+            f"{estimate.measured_by}: {_XLA_KEPT}.")
+    return dataclasses.replace(
+        estimate, predicted_batch_size=other, alternatives=(alternative,),
+        explanation=estimate.explanation + text)

@@ -26,6 +26,10 @@ class LinearFit:
         batch_sizes: the sizes the line was fitted to.
         linear: whether the line is trusted for extrapolation.
         reason: why not, when it is not.
+
+    The intercept may come out below zero (the line crosses zero above
+    batch 0) by as much as the tolerance of the largest measurement; users
+    of the line take the constant part as `constant_bytes`, never below 0.
     """
 
     static_bytes: float
@@ -35,6 +39,13 @@ class LinearFit:
     batch_sizes: tuple[int, ...]
     linear: bool
     reason: Optional[str] = None
+
+    @property
+    def constant_bytes(self) -> float:
+        """The constant part of a step, never below 0 (NaN without a fit)."""
+        if self.static_bytes != self.static_bytes:
+            return self.static_bytes
+        return max(self.static_bytes, 0.0)
 
 
 def line_through(points: Sequence[tuple[int, int]]) -> LinearFit:
@@ -64,12 +75,21 @@ def _flaw(fit: LinearFit, points: Sequence[tuple[int, int]],
           tolerance: float) -> Optional[str]:
     """Why `fit` cannot be trusted for extrapolation, or `None`."""
     if fit.per_sample_bytes <= 0:
-        return (f"the working memory does not grow with the batch size (fitted "
-                f"{format_bytes(fit.per_sample_bytes)} per sample)")
+        first, last = points[0], points[-1]
+        return (f"the working memory does not grow with the batch size "
+                f"({format_bytes(first[1])} at batch {first[0]}, "
+                f"{format_bytes(last[1])} at batch {last[0]})")
     if fit.residual > tolerance:
         return (f"the working memory is not linear in the batch size (a "
                 f"measurement lies {fit.residual:.0%} of the largest one off the "
                 f"line, more than {tolerance:.0%})")
+    largest = max((w for _, w in points), default=0)
+    if fit.static_bytes < -tolerance * max(largest, 1):
+        crossing = -fit.static_bytes / fit.per_sample_bytes
+        return (f"the line through the measurements reaches zero only at batch "
+                f"{crossing:.0f}, so the smaller sizes were measured below what "
+                "they need (the step reused memory the process already held) and "
+                "the line cannot be extrapolated")
     # Extrapolation is what the line is for: the line through all but the
     # largest size must predict the largest.
     held = line_through(points[:-1]) if len(points) > 3 else None

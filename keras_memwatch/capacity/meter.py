@@ -10,7 +10,8 @@ import sys
 from typing import Any, Callable, Optional
 
 from keras_memwatch import columns as C
-from keras_memwatch import xla_plan
+from keras_memwatch.capacity import xla_compile
+from keras_memwatch.capacity.allocator import TorchCache, torch_cache
 from keras_memwatch.capacity.host_memory import host_available_bytes
 from keras_memwatch.capacity.result import LIMIT_ALLOCATOR, LIMIT_HOST, LIMIT_NVML
 from keras_memwatch.derived import device_limit
@@ -87,6 +88,12 @@ class Meter:
         self.gpu_index = int(self.device.split(":")[1]) if self.on_gpu else None
         self.baseline: Optional[int] = None
         self._mark: Optional[int] = None
+        #: PyTorch's caching allocator of the device (its reserved peaks).
+        self.cache: Optional[TorchCache] = torch_cache(backend, self.gpu_index)
+        self.reserved_baseline: Optional[int] = None
+        #: The reserved peak of the last step measured, above
+        #: `reserved_baseline` (PyTorch on a GPU), else None.
+        self.last_reserved: Optional[int] = None
 
     def _pick_device(self, devices: tuple[str, ...], wanted: Optional[str]) -> str:
         """The device asked for, or the first GPU, else the host."""
@@ -114,30 +121,34 @@ class Meter:
             raise ValueError(
                 f"Expected method='xla' only with the JAX backend. Received: "
                 f"backend {backend!r}")
-        if method == "reserved" and not (backend == "torch" and self.on_gpu):
+        if method == "reserved" and not (backend == "torch" and self.on_gpu
+                                          and torch_cache(backend, 0) is not None):
             raise ValueError(
                 "Expected method='reserved' only with the PyTorch backend on a GPU. "
                 f"Received: backend {backend!r}, device {self.device!r}")
         return method
 
-    def _row(self) -> dict[str, Optional[int]]:
+    def read(self) -> dict[str, Optional[int]]:
+        """The device's row of a sample now (resets the resettable peaks)."""
         return self.sampler.sample()[self.index]
 
-    def _sync(self) -> None:
-        if self.backend == "torch" and self.on_gpu:
-            import torch
+    _row = read
 
-            if torch.cuda.is_available():
-                torch.cuda.synchronize(self.gpu_index)
+    def sync(self) -> None:
+        """Waits for the device's queued work (PyTorch on a GPU)."""
+        if self.cache is not None:
+            self.cache.sync()
+
+    _sync = sync
 
     def set_baseline(self) -> int:
         """Reads the memory in use now, which every later step is measured from."""
+        if self.cache is not None:
+            self.cache.free()
+            self.reserved_baseline = self.cache.reserved()
         if self.method == "reserved":
-            import torch
-
-            self._sync()
-            torch.cuda.empty_cache()
-            self.baseline = int(torch.cuda.memory_reserved(self.gpu_index))
+            assert self.reserved_baseline is not None
+            self.baseline = self.reserved_baseline
             return self.baseline
         if not self.on_gpu:
             trim_host_heap()
@@ -175,9 +186,14 @@ class Meter:
             return self._reserved_peak(step)
         if not self.on_gpu:
             trim_host_heap()
+        if self.cache is not None:
+            self.cache.free()
+            self.cache.reset_peaks()
         self._row()  # resets the peaks that can be reset
         step()
         self._sync()
+        if self.cache is not None and self.reserved_baseline is not None:
+            self.last_reserved = max(self.cache.peaks()[1] - self.reserved_baseline, 0)
         peak = self._row().get(self.peak_column)
         if peak is None:
             return None
@@ -190,7 +206,7 @@ class Meter:
         """Runs `step`, then reads XLA's memory plan of it."""
         step()
         try:
-            return xla_plan.working_bytes(model, batch, size)
+            return xla_compile.plan_one(model, batch, size)
         except Exception as e:
             if not self.automatic:
                 raise
@@ -204,16 +220,12 @@ class Meter:
 
     def _reserved_peak(self, step: Callable[[], Any]) -> int:
         """Runs `step` and returns PyTorch's reserved peak above the baseline."""
-        import torch
-
-        assert self.baseline is not None
-        self._sync()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(self.gpu_index)
+        assert self.baseline is not None and self.cache is not None
+        self.cache.free()
+        self.cache.reset_peaks()
         step()
-        self._sync()
-        peak = int(torch.cuda.max_memory_reserved(self.gpu_index))
-        return max(peak - self.baseline, 0)
+        self.last_reserved = max(self.cache.peaks()[1] - self.baseline, 0)
+        return self.last_reserved
 
     def limit(self) -> tuple[Optional[int], str, str]:
         """`(bytes, source, detail)` of the device's limit.

@@ -16,6 +16,54 @@ LIMIT_HOST = "host available memory"
 
 
 @dataclasses.dataclass(frozen=True)
+class Trial:
+    """One real training step of the confirmation on a GPU.
+
+    Attributes:
+        batch_size: the batch trained.
+        ran: whether the step ran (else it ran out of memory).
+        purpose: `"boundary"` (searching the largest batch under the whole
+            limit), `"recommended"` (the answer under the headroom) or
+            `"expandable_segments"` (the boundary with that setting on).
+        expandable_segments: whether PyTorch's `expandable_segments` was on.
+        allocated_peak_bytes: the allocator's allocated peak of the step
+            (device bytes in use, not above the baseline), where it ran.
+        reserved_peak_bytes: PyTorch's reserved peak of the step from a
+            freed cache, where it ran and torch reports it.
+        seconds: how long the step took.
+        error: the exception's class name, where it ran out of memory.
+    """
+
+    batch_size: int
+    ran: bool
+    purpose: str = ""
+    expandable_segments: bool = False
+    allocated_peak_bytes: Optional[int] = None
+    reserved_peak_bytes: Optional[int] = None
+    seconds: float = 0.0
+    error: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Alternative:
+    """Another method's answer, where two measure the same step differently.
+
+    Attributes:
+        method: the other method (`"xla"`).
+        measured_by: what it reads, in words.
+        predicted_batch_size: its answer under the same limit and headroom.
+        per_sample_bytes: its working memory per sample.
+        reason: why the estimate's own answer was kept.
+    """
+
+    method: str
+    measured_by: str
+    predicted_batch_size: Optional[int]
+    per_sample_bytes: Optional[float]
+    reason: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class CapacityEstimate:
     """What `estimate_max_batch_size` found.
 
@@ -38,8 +86,10 @@ class CapacityEstimate:
             there is none.
         headroom: the fraction of the limit kept free.
         in_use_bytes: memory in use before the steps.
-        step_static_bytes: the fitted constant part of a step's working
-            memory (`static_bytes - in_use_bytes`).
+        step_static_bytes: the constant part of a step's working memory
+            (`static_bytes - in_use_bytes`): the line's intercept, never
+            below 0 (a line that crosses zero above batch 0 is taken to
+            start at 0, which only raises what larger batches need).
         r_squared: the fit's coefficient of determination.
         fit_batch_sizes: the sizes the line was fitted to.
         device: `"GPU:0"`, ... or `"host"`.
@@ -47,12 +97,32 @@ class CapacityEstimate:
         method: `"xla"`, `"reserved"` or `"probes"` (see `keras_memwatch.capacity`).
         measured_by: what the working memory was read from, in words.
         limit_detail: where the limit comes from, in words.
-        ceiling_batch_size: method `"xla"` only: the largest batch whose
-            compiled step fits the whole limit (no headroom). XLA fits a
-            step it would otherwise not by recomputing activations, so this
-            can be well above what the line says (slower steps).
+        ceiling_batch_size: the largest batch that fits the whole limit (no
+            headroom), where it was searched: on JAX (method `"xla"`) the
+            largest whose compiled step fits (XLA fits a step it would
+            otherwise not by recomputing activations, so this can be well
+            above what the line says, with slower steps); on a GPU measured
+            by the probes under an allocator cap, the largest batch that
+            trained a real step.
         checked: `(batch_size, working_bytes)` of XLA's compiled plan at
             each size checked after the fit (method `"xla"`), in order.
+        reserved_measurements: PyTorch on a GPU: `(batch_size,
+            reserved_bytes)`, the caching allocator's reserved peak of each
+            ladder step above the reserved bytes before the ladder (from a
+            freed cache): what the allocator took from the device.
+        reserved_static_bytes: the constant part of the line through
+            `reserved_measurements` (never below 0).
+        reserved_per_sample_bytes: its slope.
+        trials: the real steps that confirmed the answer on a GPU
+            (`Trial`), in order.
+        allocator_settings: PyTorch: the allocator settings in effect
+            (`PYTORCH_CUDA_ALLOC_CONF`), in words.
+        expandable_batch_size: PyTorch: the largest batch that trained under
+            the whole limit with `expandable_segments:True`, where measured.
+        alternatives: other methods' answers for the same step (JAX on the
+            CPU: XLA's plan beside the host's RSS), with why this one was
+            kept.
+        seconds: how long the estimate took.
     """
 
     predicted_batch_size: Optional[int]
@@ -75,6 +145,14 @@ class CapacityEstimate:
     limit_detail: str = ""
     ceiling_batch_size: Optional[int] = None
     checked: tuple[tuple[int, int], ...] = ()
+    reserved_measurements: tuple[tuple[int, int], ...] = ()
+    reserved_static_bytes: Optional[int] = None
+    reserved_per_sample_bytes: Optional[float] = None
+    trials: tuple[Trial, ...] = ()
+    allocator_settings: str = ""
+    expandable_batch_size: Optional[int] = None
+    alternatives: tuple[Alternative, ...] = ()
+    seconds: float = 0.0
 
     def batch_size_for(self, headroom: float) -> Optional[int]:
         """The fitted line's prediction for another headroom.
@@ -98,6 +176,25 @@ class CapacityEstimate:
             return None
         return predict_batch_size(self.limit_bytes, headroom, self.static_bytes,
                                   self.per_sample_bytes)
+
+    def reserved_batch_size_for(self, headroom: float) -> Optional[int]:
+        """The answer of the line through the reserved peaks (PyTorch).
+
+        Args:
+            headroom: fraction of the limit to keep free, in [0, 1).
+
+        Returns:
+            The largest batch size, or `None` without such a line.
+        """
+        check_headroom(headroom)
+        if (self.limit_bytes is None or self.in_use_bytes is None
+                or self.reserved_static_bytes is None
+                or not self.reserved_per_sample_bytes
+                or self.reserved_per_sample_bytes <= 0):
+            return None
+        return predict_batch_size(self.limit_bytes, headroom,
+                                  self.in_use_bytes + self.reserved_static_bytes,
+                                  self.reserved_per_sample_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, as JSON-ready values (`None` for NaN)."""
@@ -154,14 +251,42 @@ class CapacityEstimate:
                 f"  fit:        within {self.residual:.1%} of the largest "
                 f"measurement (R^2 {self.r_squared:.5f}) at batch sizes "
                 f"{sizes_text(self.fit_batch_sizes)}")
-        lines.append("  measured:   batch  working memory")
+        reserved = dict(self.reserved_measurements)
+        lines.append("  measured:   batch  working memory"
+                     + ("  reserved (allocator)" if reserved else ""))
         fitted = set(self.fit_batch_sizes)
         for batch, working in self.measurements:
             mark = "" if batch in fitted else "  (not in the fit)"
-            lines.append(f"              {batch:>5}  {format_bytes(working):>10}{mark}")
+            extra = (f"  {format_bytes(reserved[batch]):>10}" if batch in reserved
+                     else "")
+            lines.append(f"              {batch:>5}  {format_bytes(working):>10}"
+                         f"{extra}{mark}")
         if self.ceiling_batch_size is not None:
+            how = ("XLA's compiled plan" if self.method == "xla" else
+                   "the largest batch that trained a real step")
             lines.append(f"  ceiling:    batch {self.ceiling_batch_size} without "
-                         "headroom (XLA's compiled plan)")
+                         f"headroom ({how})")
+        if self.trials:
+            lines.append("  trained:    batch  result          reserved peak  (real "
+                         "steps on the device)")
+            for t in self.trials:
+                result = "ran" if t.ran else "out of memory"
+                peak = (format_bytes(t.reserved_peak_bytes)
+                        if t.reserved_peak_bytes else "")
+                lines.append(f"              {t.batch_size:>5}  {result:<14}  "
+                             f"{peak:>13}  {t.purpose}")
+        if self.allocator_settings:
+            lines.append(f"  allocator:  {self.allocator_settings}")
+        if self.expandable_batch_size is not None:
+            lines.append(f"  expandable_segments:True: batch "
+                         f"{self.expandable_batch_size} trained under the whole limit")
+        for alt in self.alternatives:
+            answer = ("none" if alt.predicted_batch_size is None
+                      else str(alt.predicted_batch_size))
+            lines.append(f"  also:       {answer} by {alt.measured_by}"
+                         + (f" ({format_bytes(alt.per_sample_bytes)} per sample)"
+                            if alt.per_sample_bytes else "") + "; not used: "
+                         + alt.reason)
         if self.checked:
             lines.append("  compiled:   batch  working memory (XLA's plan, not run)")
             for batch, working in self.checked:

@@ -5,31 +5,49 @@ fit the device, where XLA starts recomputing activations instead. So the
 line's answer under the headroom is checked (and corrected) at the sizes
 around it, and the ceiling is searched upward from the line's answer
 without headroom. The step is compiled at each size, never run.
+
+To be quick (each compilation on a GPU is seconds of autotuning), the
+searches share rounds of compilations run side by side
+(`keras_memwatch.capacity.xla_compile`); on a GPU the ceiling is first
+aimed with compilations that skip autotuning, then every answer is checked
+with the compilation `fit` itself makes (so `fit` at the answer finds it in
+JAX's cache), together with the size just above it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
+import time
 from typing import Any, Callable, Optional
 
-from keras_memwatch import xla_plan
+from keras_memwatch.capacity import xla_compile
 from keras_memwatch.capacity.result import CapacityEstimate
 from keras_memwatch.units import format_bytes
 
 logger = logging.getLogger("keras_memwatch")
 
 MAX_CHECKS = 10  # compilations of XLA's plan after the fit, per search
+MAX_AIM = 12  # compilations without autotuning that aim the ceiling (GPU)
 
 
-def check_compiled(estimate: CapacityEstimate, model: Any,
-                   sample: tuple[Any, Any]) -> CapacityEstimate:
+def _quiet(message: str) -> None:
+    logger.info("%s", message)
+
+
+def check_compiled(estimate: CapacityEstimate, model: Any, sample: tuple[Any, Any],
+                   progress: Callable[[str], None] = _quiet,
+                   planner: Optional[xla_compile.Planner] = None) -> CapacityEstimate:
     """Checks an estimate of method `"xla"` against XLA's compiled plans.
 
     Args:
         estimate: the line's estimate, with a prediction.
         model: the model measured.
         sample: `(x, y)`, a batch of one sample.
+        progress: receives a line per compilation.
+        planner: compiles the plans. Defaults to a new
+            `xla_compile.Planner`.
 
     Returns:
         The estimate with `predicted_batch_size`, `ceiling_batch_size`,
@@ -37,40 +55,77 @@ def check_compiled(estimate: CapacityEstimate, model: Any,
         cannot be compiled, the line's estimate, saying so.
     """
     assert estimate.limit_bytes is not None and estimate.in_use_bytes is not None
+    began = time.perf_counter()
+    planner = planner or xla_compile.Planner(model, sample, progress)
     full = estimate.limit_bytes - estimate.in_use_bytes
     room = full - estimate.limit_bytes * estimate.headroom
-    need: dict[int, int] = {}
-
-    def fitting(free: float) -> Callable[[int], bool]:
-        def fits(size: int) -> bool:
-            if size not in need:
-                need[size] = xla_plan.working_bytes(model, sample, size)
-            return need[size] <= free
-        return fits
-
+    need: dict[int, float] = {}
     line = estimate.predicted_batch_size or 0
     line_ceiling = estimate.batch_size_for(0.0) or 0
+    accelerator = planner.aim_options is not None
     try:
-        lo, hi = xla_plan.largest_that_fits(fitting(room), max(line, 1), MAX_CHECKS)
-        ceiling, above = xla_plan.largest_that_fits(
-            fitting(full), max(line_ceiling, lo or 1), MAX_CHECKS)
+        ceiling_start, aimed = max(line_ceiling, line, 1), None
+        if planner.aim_options is not None:
+            aimed = _aim(planner, full, ceiling_start)
+        answer = xla_compile.Target(room, max(line, 1))
+        if aimed is not None:
+            # Plans are flat below the cliff where XLA recomputes: no
+            # interpolating; small steps around the aimed size.
+            ceiling = xla_compile.Target(full, aimed, more_likely=True,
+                                         factor=1.02, around=True)
+        else:
+            ceiling = xla_compile.Target(full, ceiling_start, more_likely=accelerator)
+        xla_compile.search([answer, ceiling], planner.plans, need, 2 * MAX_CHECKS,
+                           planner.parallel)
     except Exception as e:
         logger.warning("estimate_max_batch_size: XLA's plan could not be compiled "
                        "at larger sizes (%r); the prediction is the line's", e)
         return dataclasses.replace(
-            estimate, checked=tuple(need.items()),
+            estimate, checked=_checked(need),
             explanation=f"{estimate.explanation} Not checked by compiling the step "
                         f"({type(e).__name__}).")
+    lo, hi = answer.lo, answer.hi
     predicted = lo if lo is not None else 0 if hi == 1 else None
+    seconds = time.perf_counter() - began
+    count = (f" {planner.compilations} compilations"
+             + (f" ({planner.aim_compilations} without autotuning, to aim)"
+                if planner.aim_compilations else "")
+             + (f", {planner.parallel} side by side" if planner.parallel > 1 else "")
+             + f", {seconds:.0f} s.")
     explanation = (_answer_text(estimate, need, room, lo, hi, line)
-                   + _ceiling_text(estimate, need, full, ceiling, above, line_ceiling)
-                   + f" {len(need)} compilations.")
+                   + _ceiling_text(estimate, need, full, ceiling.lo, ceiling.hi,
+                                   line_ceiling)
+                   + count)
     return dataclasses.replace(estimate, predicted_batch_size=predicted,
-                               ceiling_batch_size=ceiling,
-                               checked=tuple(need.items()), explanation=explanation)
+                               ceiling_batch_size=ceiling.lo,
+                               checked=_checked(need), explanation=explanation)
 
 
-def _answer_text(estimate: CapacityEstimate, need: dict[int, int], room: float,
+def _aim(planner: xla_compile.Planner, full: float, start: int) -> Optional[int]:
+    """The ceiling by compilations without autotuning, or None."""
+    target = xla_compile.Target(full, start, more_likely=True)
+    aim_need: dict[int, float] = {}
+    try:
+        xla_compile.search([target], lambda sizes: planner.plans(sizes, aim=True),
+                           aim_need, MAX_AIM, planner.parallel)
+    except Exception as e:
+        logger.info("estimate_max_batch_size: aiming without autotuning failed "
+                    "(%r)", e)
+        return None
+    return target.lo
+
+
+def _checked(need: dict[int, float]) -> tuple[tuple[int, int], ...]:
+    """The plans compiled, as `(batch, bytes)`; failed ones left out."""
+    return tuple((b, int(n)) for b, n in need.items() if math.isfinite(n))
+
+
+def _bytes(n: float) -> str:
+    return (format_bytes(n) if math.isfinite(n)
+            else "more than the device holds (its compilation ran out of memory)")
+
+
+def _answer_text(estimate: CapacityEstimate, need: dict[int, float], room: float,
                  lo: Optional[int], hi: Optional[int], line: int) -> str:
     """The explanation of the answer under the headroom."""
     where = f"{estimate.device} ({estimate.backend}, {estimate.measured_by})"
@@ -86,15 +141,15 @@ def _answer_text(estimate: CapacityEstimate, need: dict[int, int], room: float,
         head = (f"Not even a batch of 1 fits on {where}" if hi == 1 else
                 f"No prediction on {where}: no size checked fits")
         return (f"{head}: compiled for batch {hi}, the step needs "
-                f"{format_bytes(need[hi])} of {under}; {fitted}.")
+                f"{_bytes(need[hi])} of {under}; {fitted}.")
     beyond = ("every size checked fits" if hi is None else
-              f"batch {hi} would need {format_bytes(need[hi])}")
+              f"batch {hi} would need {_bytes(need[hi])}")
     return (f"Largest batch {lo} on {where}, checked by compiling the "
             f"step: it needs {format_bytes(need[lo])} of {under}, "
             f"{beyond}; {fitted}.")
 
 
-def _ceiling_text(estimate: CapacityEstimate, need: dict[int, int], full: float,
+def _ceiling_text(estimate: CapacityEstimate, need: dict[int, float], full: float,
                   ceiling: Optional[int], above: Optional[int],
                   line_ceiling: int) -> str:
     """The explanation of the ceiling without headroom, or `""`."""
@@ -103,7 +158,7 @@ def _ceiling_text(estimate: CapacityEstimate, need: dict[int, int], full: float,
     text = (f" Without headroom, up to batch {ceiling} fits "
             f"({format_bytes(need[ceiling])} of {format_bytes(full)}"
             + ("" if above is None else
-               f"; {above} would need {format_bytes(need[above])}") + ")")
+               f"; {above} would need {_bytes(need[above])}") + ")")
     line_bytes = ((estimate.step_static_bytes or 0)
                   + (estimate.per_sample_bytes or 0) * ceiling)
     if ceiling > line_ceiling and need[ceiling] < 0.95 * line_bytes:

@@ -5,7 +5,12 @@ One call per GPU and per read (about 1 us on an H200) gives `bytes_in_use`,
 use: 75% of the GPU by default, see `XLA_PYTHON_CLIENT_MEM_FRACTION`). JAX
 offers no way to reset the peak, so `peak_bytes_in_use` is the high-water
 mark for the life of the process and is recorded as such; this probe has no
-per-sample peak. Starting the probe initialises JAX's backends if nothing has
+per-sample peak. What the allocator holds from the device, used or not, is
+`pool_bytes` (the BFC allocator's regions: with preallocation, the whole
+pool from the start) or else `bytes_reserved` (the CUDA async allocator's
+reserve), where the statistics hold one no smaller than `bytes_in_use`;
+missing otherwise (BFC reports a `bytes_reserved` of 0 that means something
+else). Starting the probe initialises JAX's backends if nothing has
 yet (which preallocates GPU memory by default): use it with the JAX backend.
 """
 
@@ -25,7 +30,9 @@ class JaxProbe(Probe):
 
     Columns: `allocator_current_bytes` (`bytes_in_use`),
     `allocator_peak_bytes` (`peak_bytes_in_use`, a process-lifetime
-    high-water mark) and `allocator_limit_bytes` (`bytes_limit`). Devices
+    high-water mark), `allocator_limit_bytes` (`bytes_limit`) and
+    `allocator_reserved_bytes` (`pool_bytes`, else `bytes_reserved`, where
+    present; see the module's note). Devices
     are named `GPU:i`, `i` being the device's index among the GPUs this
     process sees (its `local_hardware_id`, the CUDA ordinal).
     """
@@ -35,6 +42,7 @@ class JaxProbe(Probe):
         columns.ALLOCATOR_CURRENT,
         columns.ALLOCATOR_PEAK,
         columns.ALLOCATOR_LIMIT,
+        columns.ALLOCATOR_RESERVED,
     )
     peak_per_sample = False
 
@@ -86,13 +94,14 @@ class JaxProbe(Probe):
             except Exception:
                 s = None
             if s is None:
-                out.append((None, None, None))
+                out.append((None, None, None, None))
             else:
                 out.append(
                     (
                         s.get("bytes_in_use"),
                         s.get("peak_bytes_in_use"),
                         s.get("bytes_limit"),
+                        reserved_bytes(s),
                     )
                 )
         return tuple(out)
@@ -102,10 +111,29 @@ class JaxProbe(Probe):
 
     def describe(self) -> str:
         return (
-            "JAX allocator: bytes_in_use and bytes_limit per device; "
+            "JAX allocator: bytes_in_use, bytes_limit and the pool it holds "
+            "(pool_bytes, where reported) per device; "
             "peak_bytes_in_use is a process-lifetime high-water mark (JAX "
             "cannot reset it), so there is no per-step peak."
         )
+
+
+def reserved_bytes(stats: dict[str, Any]) -> Optional[int]:
+    """What JAX's allocator holds from the device, from `memory_stats()`.
+
+    `pool_bytes` where present, else `bytes_reserved`; a value below
+    `bytes_in_use` (BFC's `bytes_reserved` is 0: it counts something else)
+    or not an integer is missing, never a guess.
+    """
+    in_use = stats.get("bytes_in_use")
+    for key in ("pool_bytes", "bytes_reserved"):
+        value = stats.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            continue
+        if isinstance(in_use, int) and value < in_use:
+            continue
+        return value
+    return None
 
 
 def local_gpu_names() -> tuple[str, ...]:

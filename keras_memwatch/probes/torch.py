@@ -1,4 +1,4 @@
-"""PyTorch's CUDA caching allocator: allocated bytes, their peak, the cap.
+"""PyTorch's CUDA caching allocator: allocated and reserved bytes, the peak, the cap.
 
 Why not the public calls: `torch.cuda.memory_allocated(i)` and
 `torch.cuda.max_memory_allocated(i)` each call `torch.cuda.memory_stats(i)`,
@@ -13,7 +13,9 @@ twice per read.
 What this probe does instead, per GPU and per read:
 
 1. `torch._C._cuda_memoryStats(i)` once: the nested dict, no flattening;
-   current and peak are `["allocated_bytes"]["all"]["current" | "peak"]`.
+   current and peak are `["allocated_bytes"]["all"]["current" | "peak"]`,
+   and what the allocator holds from the device, used or not, is
+   `["reserved_bytes"]["all"]["current"]` of the same dict.
    (This is the binding behind `torch.cuda.memory_stats_as_nested_dict`,
    there since torch 1.4 and still in 2.13.)
 2. `torch._C._cuda_resetPeakMemoryStats(i)`: the C++ reset, without the
@@ -26,7 +28,7 @@ private names: where they are missing or fail (another torch, a custom
 build or allocator), the probe falls back to the public
 `torch.cuda.memory_stats_as_nested_dict(i)` (same dict, plus an
 `is_initialized` check) and `torch.cuda.reset_peak_memory_stats(i)`, and
-last to `memory_allocated` / `max_memory_allocated`.
+last to `memory_allocated` / `max_memory_allocated` / `memory_reserved`.
 `benchmarks/probe_costs.py` times all of these.
 
 The limit column is the per-process cap that
@@ -56,8 +58,12 @@ class TorchProbe(Probe):
     `allocator_peak_bytes` (peak allocated since the previous read; the
     probe resets PyTorch's peak statistics as it reads, so anything else in
     the process reading `torch.cuda.max_memory_allocated` sees per-sample
-    peaks too) and `allocator_limit_bytes` (only under a per-process memory
-    fraction). Devices are named `GPU:i` for CUDA device `i`.
+    peaks too), `allocator_limit_bytes` (only under a per-process memory
+    fraction) and `allocator_reserved_bytes` (`reserved_bytes.all.current`:
+    the segments the caching allocator holds from the device, used or not;
+    reserved minus allocated is what block rounding and fragmentation cost,
+    and the per-process cap bounds the reserved bytes, not the allocated
+    ones). Devices are named `GPU:i` for CUDA device `i`.
 
     Args:
         use_private_bindings: read through `torch._C` directly (fast) when
@@ -70,6 +76,7 @@ class TorchProbe(Probe):
         columns.ALLOCATOR_CURRENT,
         columns.ALLOCATOR_PEAK,
         columns.ALLOCATOR_LIMIT,
+        columns.ALLOCATOR_RESERVED,
     )
     peak_per_sample = True
 
@@ -78,7 +85,7 @@ class TorchProbe(Probe):
         self._devices: tuple[tuple[int, Optional[int]], ...] = ()
         self._stats: Optional[_Stats] = None
         self._reset: Optional[Callable[[int], Any]] = None
-        self._pair: Optional[tuple[_Stats, _Stats]] = None
+        self._pair: Optional[tuple[_Stats, _Stats, _Stats]] = None
         self.path = ""  # which calls `read` uses, for the benchmark and logs
 
     def start(self) -> tuple[str, ...]:
@@ -146,6 +153,7 @@ class TorchProbe(Probe):
             for i in indices:
                 cuda.memory_allocated(i), cuda.max_memory_allocated(i)
                 cuda.reset_peak_memory_stats(i)
+            reserved = getattr(cuda, "memory_reserved", None) or _missing
         except Exception as e:
             errors.append(f"torch.cuda.memory_allocated: {e}")
             raise ProbeUnavailable(
@@ -154,7 +162,7 @@ class TorchProbe(Probe):
             ) from None
         self._stats = None
         self._reset = cuda.reset_peak_memory_stats
-        self._pair = (cuda.memory_allocated, cuda.max_memory_allocated)
+        self._pair = (cuda.memory_allocated, cuda.max_memory_allocated, reserved)
         self.path = "torch.cuda.memory_allocated"
 
     def read(self) -> Sequence[Reading]:
@@ -163,21 +171,23 @@ class TorchProbe(Probe):
         if stats is not None:
             for i, limit in self._devices:
                 try:
-                    allocated = stats(i)["allocated_bytes"]["all"]
+                    nested = stats(i)
+                    allocated = nested["allocated_bytes"]["all"]
                     reset(i)  # type: ignore[misc]
-                    out.append((allocated["current"], allocated["peak"], limit))
+                    out.append((allocated["current"], allocated["peak"], limit,
+                                _reserved(nested)))
                 except Exception:
-                    out.append((None, None, limit))
+                    out.append((None, None, limit, None))
             return tuple(out)
         if self._pair is None:  # not started, or closed
             return ()
-        current, peak = self._pair
+        current, peak, reserved = self._pair
         for i, limit in self._devices:
             try:
-                reading = (current(i), peak(i), limit)
+                reading = (current(i), peak(i), limit, _call(reserved, i))
                 reset(i)  # type: ignore[misc]
             except Exception:
-                reading = (None, None, limit)
+                reading = (None, None, limit, None)
             out.append(reading)
         return tuple(out)
 
@@ -189,7 +199,8 @@ class TorchProbe(Probe):
         limit = any(limit is not None for _, limit in self._devices)
         return (
             "PyTorch CUDA allocator: bytes allocated to tensors and their peak "
-            "since the previous sample; "
+            "since the previous sample, and the bytes it reserves from the device "
+            "(reserved minus allocated: block rounding and fragmentation); "
             + (
                 "the limit is the per-process memory fraction x total memory."
                 if limit
@@ -202,6 +213,29 @@ def _allocated(stats: dict[str, Any]) -> tuple[int, int]:
     """Current and peak allocated bytes from the nested statistics dict."""
     allocated = stats["allocated_bytes"]["all"]
     return allocated["current"], allocated["peak"]
+
+
+def _reserved(stats: dict[str, Any]) -> Optional[int]:
+    """`reserved_bytes.all.current` from the nested statistics dict, or None."""
+    try:
+        value = stats["reserved_bytes"]["all"]["current"]
+    except (KeyError, TypeError):
+        return None
+    return value if isinstance(value, int) and value >= 0 else None
+
+
+def _missing(index: int) -> None:
+    """Stands in for a reserved-bytes call this torch lacks."""
+    return None
+
+
+def _call(function: Callable[[int], Any], index: int) -> Optional[int]:
+    """`function(index)`, or None when it fails (a value is never guessed)."""
+    try:
+        value = function(index)
+    except Exception:
+        return None
+    return value if isinstance(value, int) and value >= 0 else None
 
 
 def _limit(cuda: Any, index: int) -> Optional[int]:

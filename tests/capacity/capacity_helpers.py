@@ -10,6 +10,7 @@ import keras
 import numpy as np
 
 from keras_memwatch import columns as C
+from keras_memwatch.capacity.allocator import read_settings
 from keras_memwatch.probes.base import Probe
 
 MIB = 2**20
@@ -17,28 +18,58 @@ GIB = 2**30
 BACKEND = keras.backend.backend()
 
 
+class OutOfMemoryError(RuntimeError):
+    """What the simulated GPU raises (recognised by its class name)."""
+
+
 class SimulatedGpu(Probe):
-    """A GPU whose step peak is in_use + static + per_sample x batch."""
+    """A GPU whose step peak is in_use + static + per_sample x batch.
+
+    A step whose reserved need, `in_use + overhead x (static + per_sample x
+    batch)` (the caching allocator's rounding and fragmentation), exceeds
+    the limit runs out of memory; with `expandable` on, the overhead is
+    `expandable_overhead`.
+    """
 
     columns = (C.ALLOCATOR_CURRENT, C.ALLOCATOR_PEAK, C.ALLOCATOR_LIMIT)
 
     def __init__(self, name, per_step=True, in_use=GIB, static=64 * MIB,
-                 per_sample=10 * MIB, limit=16 * GIB, first_step_extra=0):
+                 per_sample=10 * MIB, limit=16 * GIB, first_step_extra=0,
+                 overhead=1.0, expandable_overhead=None, oom_at=None):
         self.name = name
         self.peak_per_sample = per_step
         self.in_use, self.static, self.per_sample = in_use, static, per_sample
         self.limit, self.first_step_extra = limit, first_step_extra
+        self.overhead = overhead
+        self.expandable_overhead = expandable_overhead
+        self.expandable = False
+        self.oom_at = limit if oom_at is None else oom_at  # None: never
         self.pending = None  # the peak of steps since the last read
         self.high_water = in_use
+        self.reserved_peak = in_use
         self.batches = []
+        self.ooms = []
+
+    def working(self, batch):
+        return self.static + self.per_sample * batch
+
+    def reserved_need(self, batch):
+        overhead = (self.expandable_overhead if self.expandable
+                    and self.expandable_overhead is not None else self.overhead)
+        return self.in_use + overhead * self.working(batch)
 
     def step(self, batch):
-        peak = self.in_use + self.static + self.per_sample * batch
+        reserved = self.reserved_need(batch)
+        if self.oom_at is not None and reserved > self.oom_at:
+            self.ooms.append(batch)
+            raise OutOfMemoryError(f"CUDA out of memory (batch {batch})")
+        peak = self.in_use + self.working(batch)
         if not self.batches:
             peak += self.first_step_extra
         self.batches.append(batch)
         self.pending = max(self.pending or 0, peak)
         self.high_water = max(self.high_water, peak)
+        self.reserved_peak = max(self.reserved_peak, int(reserved))
 
     def start(self):
         return ("GPU:0",)
@@ -60,12 +91,85 @@ def simulate_gpu(monkeypatch, model, **kwargs):
     original = model.train_on_batch
 
     def train_on_batch(x, y=None, **kw):
-        out = original(x, y, **kw)
-        gpu.step(len(x))
-        return out
+        gpu.step(len(x))  # raises where the simulated GPU runs out of memory
+        return original(x, y, **kw)
 
     monkeypatch.setattr(model, "train_on_batch", train_on_batch)
     return gpu
+
+
+class FakeCache:
+    """PyTorch's caching allocator of a simulated GPU (see `TorchCache`)."""
+
+    def __init__(self, gpu, can_switch=True):
+        self.gpu = gpu
+        self.can_switch = can_switch
+        self.calls = []
+
+    def free(self):
+        self.calls.append("free")
+
+    def sync(self):
+        pass
+
+    def reset_peaks(self):
+        self.gpu.reserved_peak = self.gpu.in_use
+
+    def peaks(self):
+        return (self.gpu.high_water, self.gpu.reserved_peak)
+
+    def reserved(self):
+        return self.gpu.in_use
+
+    def set_expandable(self, on):
+        self.calls.append(f"expandable:{on}")
+        if not self.can_switch:
+            return False
+        self.gpu.expandable = on
+        return True
+
+
+def simulate_torch_gpu(monkeypatch, model, can_switch=True, environ=None, **kwargs):
+    """A simulated GPU with PyTorch's caching allocator in front of it."""
+    gpu = simulate_gpu(monkeypatch, model, **kwargs)
+    cache = FakeCache(gpu, can_switch)
+    monkeypatch.setattr("keras_memwatch.capacity.meter.torch_cache",
+                        lambda backend, index: cache if index is not None else None)
+    settings = read_settings(environ or {})
+    monkeypatch.setattr("keras_memwatch.capacity.confirm.read_settings",
+                        lambda: settings)
+    return gpu, cache
+
+
+def fake_plans(monkeypatch, working_bytes):
+    """XLA's plans from `working_bytes(size)`, for the ladder and the checks.
+
+    Returns:
+        The sizes planned, in order.
+    """
+    from keras_memwatch import xla_plan
+    from keras_memwatch.capacity import xla_compile
+
+    planned = []
+
+    def one(model, batch, size):
+        planned.append(size)
+        return working_bytes(size)
+
+    def plans(self, sizes, aim=False):
+        out = {}
+        for size in sizes:
+            planned.append(size)
+            try:
+                out[size] = working_bytes(size)
+            except Exception as e:
+                out[size] = e
+            self._count(size, out[size], False)
+        return out
+
+    monkeypatch.setattr(xla_plan, "working_bytes", one)
+    monkeypatch.setattr(xla_compile.Planner, "plans", plans)
+    return planned
 
 
 def tiny(inputs=8):

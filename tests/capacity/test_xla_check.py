@@ -13,11 +13,11 @@ from capacity_helpers import (
     assert_same_state,
     conv_data,
     conv_model,
+    fake_plans,
     simulate_gpu,
     state_of,
     tiny,
 )
-from keras_memwatch import xla_plan
 from keras_memwatch.capacity import estimate_max_batch_size
 from keras_memwatch.capacity.xla_check import MAX_CHECKS
 
@@ -32,14 +32,10 @@ def simulated(monkeypatch):
 def test_jax_on_a_gpu_uses_the_xla_plan_and_checks_its_answer(simulated, monkeypatch):
     model, x, y = tiny()
     simulated(model, name="jax", per_step=False)
-    plans = []
-
-    def working_bytes(model, batch, size):  # a plan that stays linear
-        plans.append(size)
-        return 100 * MIB + 5 * MIB * size
-
-    monkeypatch.setattr(xla_plan, "working_bytes", working_bytes)
-    estimate = estimate_max_batch_size(model, x, y, trial_sizes=(2, 4, 8))
+    plans = fake_plans(monkeypatch, lambda size: 100 * MIB + 5 * MIB * size)
+    lines = []
+    estimate = estimate_max_batch_size(model, x, y, trial_sizes=(2, 4, 8),
+                                       progress=lines.append)
     line = int((16 * GIB * 0.9 - GIB - 100 * MIB) // (5 * MIB))
     ceiling = int((16 * GIB - GIB - 100 * MIB) // (5 * MIB))
     assert estimate.method == "xla"
@@ -54,6 +50,9 @@ def test_jax_on_a_gpu_uses_the_xla_plan_and_checks_its_answer(simulated, monkeyp
     assert "checked by compiling the step" in estimate.explanation
     assert f"Without headroom, up to batch {ceiling} fits" in estimate.explanation
     assert "recomputing" not in estimate.explanation
+    # progress: the first size, then one line per compilation
+    assert len(lines) == 1 + len(plans) - 1
+    assert all(line.startswith("estimate_max_batch_size: ") for line in lines)
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="the XLA plan is JAX's")
@@ -63,11 +62,11 @@ def test_where_xla_recomputes_activations_more_fits_than_the_line_says(
     simulated(model, name="jax", per_step=False)
     cliff = 4000  # XLA fits every plan in 14.5 GiB by recomputing, up to here
 
-    def working_bytes(model, batch, size):
+    def working_bytes(size):
         line = 100 * MIB + 5 * MIB * size
         return min(line, int(14.5 * GIB)) if size <= cliff else line
 
-    monkeypatch.setattr(xla_plan, "working_bytes", working_bytes)
+    fake_plans(monkeypatch, working_bytes)
     estimate = estimate_max_batch_size(model, x, y, trial_sizes=(2, 4, 8))
     room, full = 16 * GIB * 0.9 - GIB, 16 * GIB - GIB
     # With headroom, the line's answer stands: its plan is what the line says.
@@ -90,12 +89,12 @@ def test_a_failed_compilation_check_keeps_the_line_and_says_so(
     model, x, y = tiny()
     simulated(model, name="jax", per_step=False)
 
-    def working_bytes(model, batch, size):
+    def working_bytes(size):
         if size > 8:
             raise RuntimeError("compilation failed")
         return 100 * MIB + 5 * MIB * size
 
-    monkeypatch.setattr(xla_plan, "working_bytes", working_bytes)
+    fake_plans(monkeypatch, working_bytes)
     estimate = estimate_max_batch_size(model, x, y, trial_sizes=(2, 4, 8))
     assert estimate.predicted_batch_size == estimate.batch_size_for(0.1) > 0
     assert estimate.ceiling_batch_size is None

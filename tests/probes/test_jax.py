@@ -27,7 +27,8 @@ class FakeDevice:
         return self.stats
 
 
-def gpu(local_id, in_use=GiB, peak=2 * GiB, limit=100 * GiB, platform="gpu"):
+def gpu(local_id, in_use=GiB, peak=2 * GiB, limit=100 * GiB, platform="gpu",
+        pool=None):
     stats = {
         "bytes_in_use": in_use,
         "peak_bytes_in_use": peak,
@@ -35,6 +36,8 @@ def gpu(local_id, in_use=GiB, peak=2 * GiB, limit=100 * GiB, platform="gpu"):
         "num_allocs": 10,
         "largest_alloc_size": GiB,
     }
+    if pool is not None:
+        stats["pool_bytes"] = pool
     return FakeDevice(platform, local_id, stats)
 
 
@@ -80,8 +83,9 @@ def test_reading_is_in_use_high_water_mark_and_limit(install):
         "allocator_current_bytes",
         "allocator_peak_bytes",
         "allocator_limit_bytes",
+        "allocator_reserved_bytes",
     )
-    assert probe.read() == ((3 * GiB, 9 * GiB, 100 * GiB),)
+    assert probe.read() == ((3 * GiB, 9 * GiB, 100 * GiB, None),)
 
 
 def test_high_water_mark_is_recorded_as_is_and_not_per_sample(install):
@@ -110,7 +114,7 @@ def test_missing_keys_and_none_stats_at_read_give_none(install):
     probe.start()
     a.stats = {"bytes_in_use": 5}
     b.stats = None
-    assert probe.read() == ((5, None, None), (None, None, None))
+    assert probe.read() == ((5, None, None, None), (None, None, None, None))
 
 
 def test_failing_memory_stats_at_read_gives_none(install):
@@ -118,7 +122,7 @@ def test_failing_memory_stats_at_read_gives_none(install):
     probe = JaxProbe()
     probe.start()
     device.stats = RuntimeError("INTERNAL: device lost")
-    assert probe.read() == ((None, None, None),)
+    assert probe.read() == ((None, None, None, None),)
 
 
 def test_cpu_only_is_unavailable_with_install_hint(install):
@@ -154,3 +158,31 @@ def test_real_jax_without_gpu_is_unavailable():
         pytest.skip("jax sees an accelerator")
     with pytest.raises(ProbeUnavailable, match="no GPU"):
         JaxProbe().start()
+
+
+def test_reserved_is_the_pool_the_bfc_allocator_holds(install):
+    # BFC with preallocation: the whole pool is held from the start, and its
+    # bytes_reserved (another notion) is 0.
+    (device,) = install(gpu(0, in_use=3 * GiB, pool=75 * GiB))
+    device.stats["bytes_reserved"] = 0
+    probe = JaxProbe()
+    probe.start()
+    assert probe.read()[0][3] == 75 * GiB
+
+
+def test_reserved_falls_back_to_bytes_reserved_of_the_async_allocator(install):
+    (device,) = install(gpu(0, in_use=3 * GiB))
+    device.stats["bytes_reserved"] = 5 * GiB
+    probe = JaxProbe()
+    probe.start()
+    assert probe.read()[0][3] == 5 * GiB
+
+
+def test_reserved_below_in_use_or_absent_is_missing(install):
+    (device,) = install(gpu(0, in_use=3 * GiB))
+    device.stats["bytes_reserved"] = 0  # BFC without pool_bytes: not a reserve
+    probe = JaxProbe()
+    probe.start()
+    assert probe.read()[0][3] is None
+    del device.stats["bytes_reserved"]
+    assert probe.read()[0][3] is None

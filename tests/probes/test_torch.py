@@ -20,6 +20,7 @@ class FakeAllocator:
     def __init__(self, devices):
         self.current = [(i + 1) * GiB for i in range(devices)]
         self.peak = [(i + 2) * GiB for i in range(devices)]
+        self.reserved = [(i + 3) * GiB for i in range(devices)]
         self.fraction = [1.0] * devices
         self.total = 140 * GiB
         self.calls = []
@@ -31,7 +32,10 @@ class FakeAllocator:
             raise RuntimeError("CUDA error: an illegal memory access")
         stat = {"current": self.current[i], "peak": self.peak[i], "allocated": 0,
                 "freed": 0}
+        reserved = {"current": self.reserved[i], "peak": self.reserved[i],
+                    "allocated": 0, "freed": 0}
         return {"allocated_bytes": {"all": stat, "large_pool": {}, "small_pool": {}},
+                "reserved_bytes": {"all": reserved, "large_pool": {}, "small_pool": {}},
                 "num_ooms": 0}
 
     def allocated(self, i):
@@ -54,6 +58,7 @@ def fake_torch(devices=2, cuda_build=True, private=True, nested_public=True):
         reset_peak_memory_stats=lambda i: alloc.reset(i),
         memory_allocated=lambda i: alloc.allocated(i)["current"],
         max_memory_allocated=lambda i: alloc.allocated(i)["peak"],
+        memory_reserved=lambda i: alloc.nested(i)["reserved_bytes"]["all"]["current"],
         get_per_process_memory_fraction=lambda i: alloc.fraction[i],
         get_device_properties=lambda i: SimpleNamespace(total_memory=alloc.total),
     )
@@ -93,7 +98,7 @@ def test_start_initialises_cuda_so_the_allocator_has_stats(install):
     assert alloc.calls[0] == ("init",)
 
 
-def test_reading_is_allocated_current_peak_and_no_limit(install):
+def test_reading_is_allocated_current_peak_no_limit_and_reserved(install):
     install()
     probe = TorchProbe()
     probe.start()  # also resets the peaks, so they start at current
@@ -102,8 +107,10 @@ def test_reading_is_allocated_current_peak_and_no_limit(install):
         "allocator_current_bytes",
         "allocator_peak_bytes",
         "allocator_limit_bytes",
+        "allocator_reserved_bytes",
     )
-    assert readings == ((1 * GiB, 1 * GiB, None), (2 * GiB, 2 * GiB, None))
+    assert readings == ((1 * GiB, 1 * GiB, None, 3 * GiB),
+                        (2 * GiB, 2 * GiB, None, 4 * GiB))
 
 
 def test_peak_is_reset_right_after_each_read(install):
@@ -113,9 +120,9 @@ def test_peak_is_reset_right_after_each_read(install):
     assert probe.peak_per_sample is True
     alloc.peak[0] = 5 * GiB  # a batch allocated a lot, then freed it
     alloc.calls.clear()
-    assert probe.read() == ((1 * GiB, 5 * GiB, None),)
+    assert probe.read() == ((1 * GiB, 5 * GiB, None, 3 * GiB),)
     assert alloc.calls == [("stats", 0), ("reset", 0)]
-    assert probe.read() == ((1 * GiB, 1 * GiB, None),)
+    assert probe.read() == ((1 * GiB, 1 * GiB, None, 3 * GiB),)
 
 
 def test_private_bindings_are_used_when_present(install):
@@ -133,7 +140,7 @@ def test_public_nested_dict_is_the_fallback_without_private_bindings(install):
     probe.start()
     assert probe.path == "torch.cuda.memory_stats_as_nested_dict"
     alloc.peak[1] = 7 * GiB
-    assert probe.read()[1] == (2 * GiB, 7 * GiB, None)
+    assert probe.read()[1] == (2 * GiB, 7 * GiB, None, 4 * GiB)
 
 
 def test_public_pair_is_the_last_fallback(install):
@@ -142,8 +149,8 @@ def test_public_pair_is_the_last_fallback(install):
     probe.start()
     assert probe.path == "torch.cuda.memory_allocated"
     alloc.peak[0] = 3 * GiB
-    assert probe.read()[0] == (1 * GiB, 3 * GiB, None)
-    assert probe.read()[0] == (1 * GiB, 1 * GiB, None)
+    assert probe.read()[0] == (1 * GiB, 3 * GiB, None, 3 * GiB)
+    assert probe.read()[0] == (1 * GiB, 1 * GiB, None, 3 * GiB)
 
 
 def test_private_bindings_can_be_turned_off(install):
@@ -197,8 +204,8 @@ def test_failing_read_gives_none_and_does_not_raise(install):
     probe.start()
     alloc.fail = {1}
     readings = probe.read()
-    assert readings[0] == (1 * GiB, 1 * GiB, None)
-    assert readings[1] == (None, None, None)
+    assert readings[0] == (1 * GiB, 1 * GiB, None, 3 * GiB)
+    assert readings[1] == (None, None, None, None)
 
 
 def test_cpu_build_is_unavailable_and_says_so(install):
@@ -234,3 +241,40 @@ def test_real_torch_without_gpu_is_unavailable():
         pytest.skip("a CUDA device is present")
     with pytest.raises(ProbeUnavailable):
         TorchProbe().start()
+
+
+def test_reserved_comes_from_the_same_stats_call_as_allocated(install):
+    _, alloc = install(devices=1)
+    probe = TorchProbe()
+    probe.start()
+    alloc.reserved[0] = 6 * GiB + 20 * 2**20  # 2 GiB held but not allocated, and more
+    alloc.calls.clear()
+    reading = probe.read()[0]
+    assert reading[3] == 6 * GiB + 20 * 2**20
+    assert reading[3] - reading[0] > 5 * GiB  # reserved but unallocated
+    assert alloc.calls == [("stats", 0), ("reset", 0)]  # one stats dict per read
+
+
+def test_reserved_is_missing_where_the_stats_dict_lacks_it(install):
+    torch, alloc = install(devices=1)
+    nested = alloc.nested
+
+    def without_reserved(i):
+        stats = nested(i)
+        del stats["reserved_bytes"]
+        return stats
+
+    torch._C._cuda_memoryStats = without_reserved
+    probe = TorchProbe()
+    probe.start()
+    assert probe.path == "torch._C._cuda_memoryStats"
+    assert probe.read() == ((1 * GiB, 1 * GiB, None, None),)
+
+
+def test_public_pair_without_memory_reserved_leaves_reserved_missing(install):
+    torch, _ = install(devices=1, private=False, nested_public=False)
+    del torch.cuda.memory_reserved
+    probe = TorchProbe()
+    probe.start()
+    assert probe.read() == ((1 * GiB, 1 * GiB, None, None),)
+    assert "reserves from the device" in probe.describe()

@@ -1,0 +1,382 @@
+"""Confirming the answer on a GPU by training real steps near the limit.
+
+Where a step's working memory is read from the allocator (PyTorch,
+TensorFlow), the line over small sizes says what the step *allocates*; what
+the allocator needs from the device at the same size is more (block
+rounding, fragmentation), and only a real step under the real limit tells.
+So, once the line is fitted:
+
+1. Under an allocator cap (`configure_memory(memory_limit_mb=...)`), the
+   largest batch that trains one step under the whole limit is searched
+   for with real steps: from the line's answer, down towards the answer of
+   the line through the *reserved* peaks, then by bisection to 1%, at most
+   `MAX_STEPS` steps. Without a cap no step is tried above the
+   recommendation: a device without a cap may be shared.
+2. The recommendation under the headroom is the line's, scaled by what the
+   allocator was found to need at that boundary (the boundary's free memory
+   over the line's working memory there), and it is trained for one real
+   step before it is reported; an out-of-memory error there steps it down
+   by 5% (at most `MAX_DOWN` times).
+3. On PyTorch, where `expandable_segments` is off and torch can switch it
+   at run time, the boundary search is repeated with it on, upwards from
+   the smallest size that failed without it (at most `MAX_EXPANDABLE`
+   steps), and the setting is put back.
+
+Each step starts from a freed cache; an out-of-memory error is caught, its
+traceback dropped and the cache freed. The caller puts the model's state
+back afterwards (the steps change the weights).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import math
+import time
+from typing import Any, Callable, Optional
+
+from keras_memwatch import columns as C
+from keras_memwatch.capacity.allocator import TorchCache, read_settings
+from keras_memwatch.capacity.batches import Batches
+from keras_memwatch.capacity.meter import Meter
+from keras_memwatch.capacity.result import LIMIT_ALLOCATOR, CapacityEstimate, Trial
+from keras_memwatch.oom import is_oom_error
+from keras_memwatch.units import format_bytes
+
+logger = logging.getLogger("keras_memwatch")
+
+MAX_STEPS = 8  # real steps of the boundary search
+MAX_DOWN = 4  # steps down from a recommendation that ran out of memory
+MAX_EXPANDABLE = 4  # real steps with expandable_segments on
+RESOLUTION = 0.01
+DOWN = 0.95  # a recommendation that failed is stepped down by this
+
+
+def search_boundary(runs: Callable[[int], bool], start: int, hint: Optional[int],
+                    max_steps: int, resolution: float = RESOLUTION,
+                    ) -> tuple[Optional[int], Optional[int]]:
+    """The largest size for which `runs` holds, near `start`.
+
+    Tries `start`; where it runs, its neighbour `resolution` above, then
+    steps up by 5%, 10%, 20%...; where it fails, `hint` (a lower answer
+    expected to run), else 10% less, then 15% less each time; then bisects
+    until the bracket is within `resolution` of its lower end. Calls `runs`
+    at most `max_steps` times, never twice for one size.
+
+    Returns:
+        `(largest size that ran, smallest size that failed)`; either is
+        `None` when none was seen.
+    """
+    lo: Optional[int] = None
+    hi: Optional[int] = None
+    seen: dict[int, bool] = {}
+
+    def check(size: int) -> bool:
+        nonlocal lo, hi
+        if size not in seen:
+            seen[size] = bool(runs(size))
+        if seen[size]:
+            lo = size if lo is None else max(lo, size)
+        else:
+            hi = size if hi is None else min(hi, size)
+        return seen[size]
+
+    size = max(int(start), 1)
+    check(size)
+    up = resolution
+    down = 0.90
+    first_down = True
+    while (lo is None or hi is None) and len(seen) < max_steps:
+        if lo is None:
+            assert hi is not None
+            if hi == 1:
+                break
+            if first_down and hint is not None and 1 <= hint < hi:
+                size = int(hint)
+            else:
+                size = max(min(int(hi * down), hi - 1), 1)
+                down = 0.85
+            first_down = False
+        else:
+            size = max(int(math.ceil(lo * (1 + up))), lo + 1)
+            up = 0.05 if up < 0.05 else up * 2
+        if size in seen:
+            break
+        check(size)
+    while (lo is not None and hi is not None and hi - lo > max(1, resolution * lo)
+           and len(seen) < max_steps):
+        size = (lo + hi) // 2
+        if size in seen:
+            break
+        check(size)
+    return lo, hi
+
+
+def scaled_recommendation(estimate: CapacityEstimate, boundary: Optional[int],
+                          failed: Optional[int], headroom: float) -> Optional[int]:
+    """The line's answer under `headroom`, scaled by what the boundary showed.
+
+    Where the largest batch that trains under the whole limit is `boundary`,
+    the allocator needs at most `k = free / line(boundary)` times what the
+    line says (it needed no more than the free memory there; `failed`, the
+    smallest size that did not train, bounds `k` from below and is not used:
+    the larger `k` is the safer one). The recommendation is the largest
+    batch whose `k x line(batch)` fits the free memory under the headroom.
+
+    Returns:
+        The batch size, or `None` without a line or a boundary.
+    """
+    if (boundary is None or estimate.limit_bytes is None
+            or estimate.in_use_bytes is None or not estimate.per_sample_bytes):
+        return None
+    static = max(estimate.step_static_bytes or 0, 0)
+    per_sample = estimate.per_sample_bytes
+    free0 = estimate.limit_bytes - estimate.in_use_bytes
+    line_at = static + per_sample * boundary
+    if line_at <= 0 or free0 <= 0:
+        return None
+    k = free0 / line_at
+    room = estimate.limit_bytes * (1 - headroom) - estimate.in_use_bytes
+    return max(int(math.floor((room / k - static) / per_sample)), 0)
+
+
+class RealSteps:
+    """Trains single real steps, catching out-of-memory errors.
+
+    Args:
+        model: the model measured.
+        data: its sample batch.
+        meter: the device's meter (its allocated peak per step).
+        cache: PyTorch's caching allocator of the device, or `None`.
+        progress: receives one line per step.
+    """
+
+    def __init__(self, model: Any, data: Batches, meter: Meter,
+                 cache: Optional[TorchCache], progress: Callable[[str], None]):
+        self.model = model
+        self.data = data
+        self.meter = meter
+        self.cache = cache
+        self.progress = progress
+        self.trials: list[Trial] = []
+        self.expandable = False
+
+    def _free(self) -> None:
+        if self.cache is not None:
+            self.cache.free()
+        else:
+            gc.collect()
+
+    def run(self, size: int, purpose: str) -> bool:
+        """Trains one step of `size`; whether it ran (not out of memory)."""
+        batch = self.data.take(size)
+        self._free()
+        if self.cache is not None:
+            self.cache.reset_peaks()
+        self.meter.read()  # resets the peaks the probes can reset
+        began = time.perf_counter()
+        error = ""
+        try:
+            self.model.train_on_batch(batch[0], batch[1])
+            self.meter.sync()
+            ran = True
+        except Exception as e:
+            if not is_oom_error(e):
+                raise
+            error = type(e).__name__
+            ran = False
+            del e
+        del batch
+        allocated: Optional[int] = None
+        reserved: Optional[int] = None
+        if ran:
+            row = self.meter.read()
+            allocated = row.get(self.meter.peak_column)
+            if self.cache is not None:
+                allocated, reserved = self.cache.peaks()
+            else:
+                reserved = row.get(C.ALLOCATOR_RESERVED)
+        else:
+            self._free()
+        trial = Trial(batch_size=size, ran=ran, purpose=purpose,
+                      expandable_segments=self.expandable,
+                      allocated_peak_bytes=allocated,
+                      reserved_peak_bytes=reserved,
+                      seconds=round(time.perf_counter() - began, 3), error=error)
+        self.trials.append(trial)
+        self.progress(
+            f"estimate_max_batch_size: trained batch {size} ({purpose}"
+            + (", expandable_segments" if self.expandable else "") + "): "
+            + (f"ran, reserved peak {format_bytes(reserved)}" if ran and reserved
+               else "ran" if ran else f"out of memory ({error})"))
+        return ran
+
+
+def confirm_by_training(estimate: CapacityEstimate, model: Any, data: Batches,
+                        meter: Meter, cache: Optional[TorchCache],
+                        progress: Callable[[str], None],
+                        failed_before: Optional[int] = None) -> CapacityEstimate:
+    """The line's estimate, checked and corrected by real steps on the GPU.
+
+    Args:
+        estimate: the line's estimate, with a prediction, on a GPU.
+        model: the model measured (its state is changed: put it back after).
+        data: its sample batch.
+        meter: the device's meter.
+        cache: PyTorch's caching allocator of the device, or `None`.
+        progress: receives one line per step.
+        failed_before: a size that already ran out of memory (the ladder's
+            last), or `None`: no search starts at or above it.
+
+    Returns:
+        The estimate with `predicted_batch_size` (trained for one step),
+        `ceiling_batch_size` (under a cap), `trials`, the allocator's
+        settings and the gain of `expandable_segments` where measured.
+    """
+    steps = RealSteps(model, data, meter, cache, progress)
+    settings = read_settings() if cache is not None else None
+    capped = estimate.limit_source == LIMIT_ALLOCATOR
+    line0 = estimate.batch_size_for(0.0) or 0
+    start0 = line0 if failed_before is None else min(line0, failed_before - 1)
+    reserved_line0 = estimate.reserved_batch_size_for(0.0)
+    boundary = failed = None
+
+    def runs(size: int) -> bool:
+        if failed_before is not None and size >= failed_before:
+            return False
+        return steps.run(size, "boundary")
+
+    if capped and start0 > 0:
+        boundary, failed = search_boundary(
+            runs, start0,
+            reserved_line0 if reserved_line0 and reserved_line0 < start0 else None,
+            MAX_STEPS)
+    if failed_before is not None:
+        failed = failed_before if failed is None else min(failed, failed_before)
+    line_rec = estimate.predicted_batch_size or 0
+    if boundary is not None:
+        start = scaled_recommendation(estimate, boundary, failed, estimate.headroom)
+        start = min(start if start is not None else line_rec, boundary)
+    else:
+        reserved_rec = estimate.reserved_batch_size_for(estimate.headroom)
+        start = min(line_rec, reserved_rec) if reserved_rec else line_rec
+        if failed is not None:
+            start = min(start, failed - 1)
+    recommended = _train_recommendation(steps, start)
+    expandable, expandable_note = _expandable(steps, settings, cache, boundary,
+                                              failed, capped)
+    explanation = _confirm_text(estimate, steps.trials, capped, line0, boundary,
+                                failed, recommended, start, settings, expandable,
+                                expandable_note)
+    return dataclasses.replace(
+        estimate, predicted_batch_size=recommended, ceiling_batch_size=boundary,
+        trials=tuple(steps.trials),
+        allocator_settings=settings.text() if settings else "",
+        expandable_batch_size=expandable,
+        explanation=f"{estimate.explanation} {explanation}")
+
+
+def _train_recommendation(steps: RealSteps, start: int) -> Optional[int]:
+    """Trains one step at `start`, stepping down 5% on out-of-memory."""
+    size = start
+    for _ in range(MAX_DOWN + 1):
+        if size < 1:
+            return 0
+        ran = next((t.ran for t in steps.trials if t.batch_size == size
+                    and not t.expandable_segments and t.purpose == "recommended"),
+                   None)
+        if ran is None:
+            ran = steps.run(size, "recommended")
+        if ran:
+            return size
+        size = min(int(size * DOWN), size - 1)
+    return None
+
+
+def _expandable(steps: RealSteps, settings: Any, cache: Optional[TorchCache],
+                boundary: Optional[int], failed: Optional[int],
+                capped: bool) -> tuple[Optional[int], str]:
+    """The largest batch with `expandable_segments` on, and a note."""
+    if settings is None:
+        return None, ""
+    if not settings.caching:
+        return None, (f"allocator backend {settings.backend}: expandable_segments "
+                      "does not apply")
+    if settings.expandable:
+        return None, "PyTorch's expandable_segments is on already"
+    how = ("to measure it, run again with "
+           "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    if not capped or boundary is None or failed is None:
+        why = ("no allocator cap is set, so no step tried the limit" if not capped
+               else "the search found no size that failed")
+        return None, f"the gain of expandable_segments was not measured ({why}); {how}"
+    if cache is None:
+        return None, f"the gain of expandable_segments was not measured; {how}"
+    cache.free()
+    if not cache.set_expandable(True):
+        return None, (f"the gain of expandable_segments was not measured (this "
+                      f"torch cannot switch it at run time); {how}")
+    steps.expandable = True
+    try:
+        lo, _ = search_boundary(lambda b: steps.run(b, "expandable_segments"),
+                                failed, None, MAX_EXPANDABLE)
+    finally:
+        steps.expandable = False
+        cache.free()
+        cache.set_expandable(False)
+        cache.free()
+    if lo is None or lo <= boundary:
+        return None, ("with expandable_segments:True (measured in this process, "
+                      "switched for new segments) no larger batch trained: batch "
+                      f"{failed} still ran out of memory")
+    return lo, ""
+
+
+def _confirm_text(estimate: CapacityEstimate, trials: list[Trial], capped: bool,
+                  line0: int, boundary: Optional[int], failed: Optional[int],
+                  recommended: Optional[int], start: int, settings: Any,
+                  expandable: Optional[int], expandable_note: str) -> str:
+    """What the real steps showed, in words."""
+    parts = []
+    if capped and boundary is not None:
+        text = (f"Trained for real under the whole limit: batch {boundary} ran"
+                + (f", {failed} ran out of memory" if failed is not None else
+                   " (nothing larger tried failed)")
+                + f"; the line through the allocated peaks said {line0}")
+        if boundary < line0:
+            text += (f", {(line0 - boundary) / line0:.0%} too many: what the "
+                     "allocator needs beyond what it allocates (block rounding, "
+                     "fragmentation) and whatever else the line does not see")
+        parts.append(text + ".")
+    elif capped:
+        parts.append(f"No batch from {line0} down trained under the whole limit "
+                     f"in {MAX_STEPS} steps.")
+    else:
+        parts.append("No allocator cap is set (the limit is the device's total "
+                     "memory), so no step tried the limit.")
+    if recommended is None:
+        parts.append(f"The recommendation could not be confirmed: batch {start} "
+                     f"and {MAX_DOWN} sizes below it ran out of memory.")
+    else:
+        trial = next((t for t in reversed(trials) if t.batch_size == recommended
+                      and t.ran and not t.expandable_segments), None)
+        held = ""
+        if trial is not None and trial.reserved_peak_bytes and estimate.limit_bytes:
+            held = (f", the allocator reserving {format_bytes(trial.reserved_peak_bytes)}"
+                    f" ({trial.reserved_peak_bytes / estimate.limit_bytes:.0%} of "
+                    "the limit)")
+        parts.append(f"Recommended batch {recommended} (under {estimate.headroom:.0%} "
+                     f"headroom) trained one real step{held}.")
+    if settings is not None:
+        parts.append(f"Allocator: {settings.text()}.")
+    if expandable is not None and boundary:
+        gain = (expandable - boundary) / boundary
+        parts.append(f"With expandable_segments:True (measured in this process, "
+                     f"switched for new segments) batch {expandable} trained "
+                     f"({gain:+.0%} on {boundary}): set "
+                     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before "
+                     "torch starts to train larger batches.")
+    if expandable_note:
+        parts.append(expandable_note[0].upper() + expandable_note[1:] + ".")
+    return " ".join(parts)

@@ -1,0 +1,354 @@
+"""XLA's memory plan of the train step at many batch sizes, side by side.
+
+Each size is one compilation of Keras's jitted train step for that input
+shape (`keras_memwatch.xla_plan`): traced and lowered here, one at a time
+(tracing runs Python), then compiled on a pool of threads, since XLA's
+compiler releases the GIL. A size `fit` already compiled comes from JAX's
+cache. On a GPU, where most of a compilation is autotuning kernels, sizes
+that only *aim* a search are compiled without autotuning
+(`AIM_OPTIONS`); every size an answer rests on is compiled as `fit`
+compiles it.
+
+`search` drives several searches at once over one shared table of plans:
+each target (the answer under the headroom, the ceiling under the whole
+limit) proposes sizes, the proposals of a round are compiled together, and
+each target narrows its bracket from the plans.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import math
+import os
+import time
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
+
+from keras_memwatch import xla_plan
+from keras_memwatch.oom import is_oom_error
+
+logger = logging.getLogger("keras_memwatch")
+
+#: Compiler options of the compilations that only aim a search, on a GPU.
+AIM_OPTIONS: dict[str, Any] = {"xla_gpu_autotune_level": 0}
+MAX_WORKERS = 4
+MAX_SIZE = 2**31
+
+
+def workers() -> int:
+    """How many compilations run side by side: a quarter of the CPUs, 1 to 4."""
+    return max(1, min(MAX_WORKERS, (os.cpu_count() or 1) // 4))
+
+
+def _state(model: Any) -> list[list[Any]]:
+    return [
+        [v.value for v in model.trainable_variables],
+        [v.value for v in model.non_trainable_variables],
+        [v.value for v in model.optimizer.variables],
+        [v.value for v in model.metrics_variables],
+    ]
+
+
+def _on_accelerator() -> bool:
+    import jax
+
+    return jax.default_backend() != "cpu"
+
+
+class Planner:
+    """Compiles the train step of `model` at batch sizes, and reads the plans.
+
+    Args:
+        model: a compiled, built Keras model on the JAX backend.
+        sample: `(x, y)` with at least one sample (shapes and dtypes only).
+        progress: receives a line per compilation.
+        parallel: compilations side by side. Defaults to `workers()`.
+    """
+
+    def __init__(self, model: Any, sample: tuple[Any, Any],
+                 progress: Callable[[str], None], parallel: Optional[int] = None):
+        self.model = model
+        self.sample = sample
+        self.progress = progress
+        self.parallel = workers() if parallel is None else max(1, parallel)
+        self.compilations = 0
+        self.aim_compilations = 0
+        self.began = time.perf_counter()
+        self.aim_options: Optional[dict[str, Any]] = None
+        try:
+            if _on_accelerator():
+                self.aim_options = dict(AIM_OPTIONS)
+        except Exception:
+            pass
+
+    def _lower(self, size: int) -> tuple[Any, int, int]:
+        import jax
+
+        state = _state(self.model)
+        lowered = xla_plan.jitted_train_step(self.model).lower(
+            state, xla_plan.batch_spec(self.sample, size))
+        state_bytes = sum(int(leaf.nbytes) for leaf in jax.tree_util.tree_leaves(state))
+        ahead = xla_plan.batch_bytes(self.sample, size) if _on_accelerator() else 0
+        return lowered, state_bytes, ahead
+
+    def plans(self, sizes: Sequence[int], aim: bool = False) -> dict[int, Any]:
+        """The working bytes of the step at each size (or the exception).
+
+        Args:
+            sizes: batch sizes.
+            aim: compile without autotuning (on a GPU), to aim a search.
+
+        Returns:
+            `{size: working bytes}`; a size whose compilation failed maps to
+            its exception (an out-of-memory one is retried alone first).
+        """
+        options = self.aim_options if aim else None
+        out: dict[int, Any] = {}
+        lowered: dict[int, tuple[Any, int, int]] = {}
+        for size in sizes:
+            try:
+                lowered[size] = self._lower(size)
+            except Exception as e:
+                out[size] = e
+        jobs = list(lowered)
+        if self.parallel > 1 and len(jobs) > 1:
+            with concurrent.futures.ThreadPoolExecutor(
+                    min(self.parallel, len(jobs))) as pool:
+                done = list(pool.map(lambda b: self._compile(lowered[b], options),
+                                     jobs))
+        else:
+            done = [self._compile(lowered[b], options) for b in jobs]
+        for size, result in zip(jobs, done):
+            if isinstance(result, Exception) and is_oom_error(result) and len(jobs) > 1:
+                # Autotuning side by side can exhaust the device: alone again.
+                result = self._compile(lowered[size], options)
+            if (isinstance(result, Exception) and aim and options is not None
+                    and not is_oom_error(result)):
+                logger.info("estimate_max_batch_size: compiling with %s failed "
+                            "(%r); compiling as fit does from now on", options, result)
+                self.aim_options = options = None
+                result = self._compile(lowered[size], None)
+            out[size] = result
+            self._count(size, result, aim and options is not None)
+        return {b: out[b] for b in sizes}
+
+    def _compile(self, lowered: tuple[Any, int, int],
+                 options: Optional[dict[str, Any]]) -> Any:
+        low, state_bytes, ahead = lowered
+        try:
+            compiled = (low.compile(compiler_options=options) if options
+                        else low.compile())
+            return max(int(xla_plan.planned_bytes(compiled)) - state_bytes, 0) + ahead
+        except Exception as e:
+            return e
+
+    def _count(self, size: int, result: Any, aim: bool) -> None:
+        from keras_memwatch.units import format_bytes
+
+        self.compilations += 1
+        self.aim_compilations += int(aim)
+        what = (f"failed ({type(result).__name__})" if isinstance(result, Exception)
+                else format_bytes(result))
+        self.progress(f"estimate_max_batch_size: compiled the step for batch {size}"
+                      + (" (aiming, without autotuning)" if aim else "")
+                      + f": {what} [{self.compilations} compilations, "
+                      f"{time.perf_counter() - self.began:.0f} s]")
+
+
+def plan_one(model: Any, batch: tuple[Any, Any], size: int) -> int:
+    """The working bytes of one size (`xla_plan.working_bytes`)."""
+    return xla_plan.working_bytes(model, batch, size)
+
+
+class Target:
+    """One search over the shared plans: the largest size whose plan fits.
+
+    Args:
+        free: the bytes the plan may need.
+        start: the size to try first (the line's answer).
+        more_likely: whether more than `start` is expected to fit (XLA
+            recomputes activations near the limit), so a round with room
+            also probes above.
+        resolution: the bracket is done within this fraction of its top.
+        factor: the step outside a one-sided bracket.
+        around: `start` was aimed (by plans compiled another way): the
+            first round checks sizes on both sides of it.
+    """
+
+    def __init__(self, free: float, start: int, more_likely: bool = False,
+                 resolution: float = 0.01, factor: float = 1.25,
+                 around: bool = False):
+        self.free = free
+        self.start = max(int(start), 1)
+        self.more_likely = more_likely
+        self.around = around
+        # Around an aimed start, plans far below it say nothing of the
+        # boundary (they fit either way): they do not set `lo`.
+        self.floor = int(self.start / factor) if around else 0
+        self.resolution = resolution
+        self.factor = factor
+        self.lo: Optional[int] = None
+        self.hi: Optional[int] = None
+        self.rounds = 0
+
+    def update(self, need: dict[int, float]) -> None:
+        """Narrows the bracket from every plan known."""
+        self.need = need
+        failing = [b for b, n in need.items() if n > self.free]
+        self.hi = min(failing) if failing else None
+        fitting = [b for b, n in need.items() if n <= self.free and b >= self.floor
+                   and (self.hi is None or b < self.hi)]
+        self.lo = max(fitting) if fitting else None
+
+    need: dict[int, float] = {}
+
+    @property
+    def done(self) -> bool:
+        if self.hi == 1 and self.lo is None:
+            return True
+        return (self.lo is not None and self.hi is not None
+                and self.hi - self.lo <= max(1, self.resolution * self.hi))
+
+    def step(self, size: int) -> int:
+        return max(1, int(self.resolution * size))
+
+    def interpolate(self) -> Optional[int]:
+        """Where the line through the two plans nearest the limit reaches it.
+
+        Plans grow linearly with the batch until XLA recomputes, so this
+        aims a search much better than halving a bracket; it is not used
+        where recomputation is expected (`more_likely`), since there the
+        plans stay flat below the limit and then jump.
+        """
+        points = sorted((b, n) for b, n in self.need.items() if math.isfinite(n))
+        below = [p for p in points if p[1] <= self.free]
+        above = [p for p in points if p[1] > self.free]
+        if below and above:
+            (b1, n1), (b2, n2) = below[-1], above[0]
+        elif len(below) >= 2:
+            (b1, n1), (b2, n2) = below[-2], below[-1]
+        elif len(above) >= 2:
+            (b1, n1), (b2, n2) = above[0], above[1]
+        else:
+            return None
+        if b2 <= b1 or n2 <= n1:
+            return None
+        slope = (n2 - n1) / (b2 - b1)
+        return int(math.floor(b1 + (self.free - n1) / slope))
+
+    def propose(self, k: int, known: set[int]) -> list[int]:
+        """Up to `k` sizes to compile next (none known already)."""
+        if self.done or k < 1:
+            return []
+        lo, hi = self.lo, self.hi
+        sizes: list[int] = []
+        if lo is None and hi is None:
+            s = self.start
+            sizes = [s, s + self.step(s)]
+            up = s
+            while len(sizes) < k and self.more_likely:
+                up = int(math.ceil(up * self.factor))
+                sizes.append(up)
+            i = 1
+            while len(sizes) < k and self.around:
+                sizes.append(max(s - i * self.step(s), 1))
+                i += 1
+        else:
+            self.rounds += 1
+            # Aim by the line through the nearest plans, except where
+            # recomputation is expected; inside a closed bracket with one
+            # compilation a round, every other round halves it instead, so
+            # a plan that stays flat cannot stall the search.
+            aim = not self.more_likely and (
+                lo is None or hi is None or k > 1 or self.rounds % 2 == 1)
+            guess = self.interpolate() if aim else None
+            if guess is not None:
+                low = lo if lo is not None else 0
+                high = hi if hi is not None else MAX_SIZE
+                guess = min(max(guess, low + 1), high - 1)
+                if guess >= 1:
+                    sizes += [guess, guess + 1]
+            sizes += self._bracketing(k)
+        out = []
+        for b in sizes:
+            if (b >= 1 and b not in known and b not in out
+                    and (lo is None or b > lo) and (hi is None or b < hi)):
+                out.append(b)
+        return out[:k]
+
+    def _bracketing(self, k: int) -> list[int]:
+        """Sizes by steps of `factor` outside a one-sided bracket, or spread
+        evenly inside a closed one."""
+        lo, hi = self.lo, self.hi
+        if hi is None:
+            assert lo is not None
+            sizes, up = [], lo
+            if lo == self.start:
+                sizes.append(lo + self.step(lo))
+            while len(sizes) < k:
+                up = max(int(math.ceil(up * self.factor)), up + 1)
+                sizes.append(up)
+            return sizes
+        if lo is None:
+            if hi == self.start:
+                sizes, down = [max(hi - self.step(hi), 1)], hi
+            else:
+                sizes, down = [], hi
+            while len(sizes) < k and down > 1:
+                down = max(min(int(down / self.factor), down - 1), 1)
+                sizes.append(down)
+            return sizes
+        n = max(k, 1)
+        return sorted({lo + max(1, (hi - lo) * i // (n + 1)) for i in range(1, n + 1)})
+
+
+def search(targets: Sequence[Target], plans: Callable[[list[int]], dict[int, Any]],
+           need: dict[int, float], max_compilations: int, width: int) -> int:
+    """Rounds of compilations until every target is done or the budget ends.
+
+    Args:
+        targets: the searches.
+        plans: compiles sizes, `{size: bytes or exception}`.
+        need: the plans known (updated; a failed compilation counts as
+            not fitting, after `plans` retried it).
+        max_compilations: the most compilations in all.
+        width: compilations per round (at least 1).
+
+    Returns:
+        The number of compilations made.
+
+    Raises:
+        The exception of a compilation that failed other than by running
+        out of memory.
+    """
+    made = 0
+    for t in targets:
+        t.update(need)
+    first = True
+    while made < max_compilations:
+        active = [t for t in targets if not t.done]
+        if not active:
+            break
+        # The first round checks each start and its neighbour together.
+        least = 2 * len(active) if first else len(active)
+        first = False
+        room = min(max(width, least), max_compilations - made)
+        share = max(1, room // len(active))
+        sizes: list[int] = []
+        for t in active:
+            for b in t.propose(share, set(need) | set(sizes)):
+                if len(sizes) < room:
+                    sizes.append(b)
+        if not sizes:
+            break
+        for size, value in plans(sizes).items():
+            made += 1
+            if isinstance(value, Exception):
+                if not is_oom_error(value):
+                    raise value
+                value = math.inf
+            need[size] = value
+        for t in targets:
+            t.update(need)
+    return made

@@ -1,0 +1,85 @@
+"""The rounds of compilations that check JAX's answer: aimed, side by side."""
+
+from __future__ import annotations
+
+from capacity_helpers import GIB, MIB
+from keras_memwatch.capacity import CapacityEstimate
+from keras_memwatch.capacity.result import LIMIT_ALLOCATOR
+from keras_memwatch.capacity.xla_check import check_compiled
+from keras_memwatch.capacity.xla_compile import Target, search
+
+CLIFF = 1900  # XLA fits every plan under the limit by recomputing, up to here
+
+
+def plan(size, shift=0):
+    """A plan linear up to the limit, flat (recomputing) up to the cliff."""
+    line = 100 * MIB + 6 * MIB * size
+    return min(line, int(7.9 * GIB)) if size <= CLIFF + shift else line
+
+
+class FakePlanner:
+    """Plans side by side; aiming plans put the cliff 1% off."""
+
+    def __init__(self, parallel=4, aim=True):
+        self.parallel = parallel
+        self.aim_options = {"xla_gpu_autotune_level": 0} if aim else None
+        self.compilations = self.aim_compilations = 0
+        self.rounds = []
+
+    def plans(self, sizes, aim=False):
+        self.rounds.append((aim, list(sizes)))
+        self.compilations += len(sizes)
+        self.aim_compilations += len(sizes) if aim else 0
+        return {b: plan(b, shift=12 if aim else 0) for b in sizes}
+
+
+def line_estimate():
+    limit, in_use = 8 * GIB, 0
+    per_sample, static = 6 * MIB, 100 * MIB
+    line = int((limit * 0.9 - static) // per_sample)
+    return CapacityEstimate(
+        predicted_batch_size=line, static_bytes=static, per_sample_bytes=per_sample,
+        limit_bytes=limit, limit_source=LIMIT_ALLOCATOR, measurements=((2, 112 * MIB),),
+        residual=0.0, explanation="The line.", headroom=0.1, in_use_bytes=in_use,
+        step_static_bytes=static, fit_batch_sizes=(2, 64, 512), device="GPU:0",
+        backend="jax", method="xla", measured_by="XLA plan"), line
+
+
+def test_aimed_then_checked_as_fit_compiles():
+    estimate, line = line_estimate()
+    planner = FakePlanner()
+    checked = check_compiled(estimate, None, None, lambda s: None, planner)
+    assert checked.predicted_batch_size == line  # the line is exact below
+    assert CLIFF * 0.99 <= checked.ceiling_batch_size <= CLIFF
+    # every answer rests on plans compiled as fit compiles them
+    need = dict(checked.checked)
+    assert need[checked.ceiling_batch_size] <= 8 * GIB
+    assert need[line] <= 8 * GIB * 0.9
+    default_rounds = [sizes for aim, sizes in planner.rounds if not aim]
+    aim_rounds = [sizes for aim, sizes in planner.rounds if aim]
+    assert aim_rounds and len(default_rounds) <= 3
+    assert all(len(sizes) <= 4 for sizes in default_rounds[1:])
+    assert len(planner.rounds) <= 8
+    assert "without autotuning, to aim" in checked.explanation
+    assert "4 side by side" in checked.explanation
+
+
+def test_without_aiming_the_same_answers_in_more_default_compilations():
+    estimate, line = line_estimate()
+    planner = FakePlanner(parallel=1, aim=False)
+    checked = check_compiled(estimate, None, None, lambda s: None, planner)
+    assert checked.predicted_batch_size == line
+    assert CLIFF * 0.99 <= checked.ceiling_batch_size <= CLIFF
+    assert planner.aim_compilations == 0
+
+
+def test_a_linear_target_is_settled_by_interpolation():
+    need = {}
+    target = Target(free=1000.0, start=90)  # truth: 10 + 10 x size <= 1000: 99
+
+    def plans(sizes):
+        return {b: 10.0 + 10.0 * b for b in sizes}
+
+    made = search([target], plans, need, 10, 1)
+    assert (target.lo, target.hi) == (99, 100)
+    assert made <= 4
