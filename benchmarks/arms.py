@@ -203,7 +203,10 @@ def available_arms(gpu: bool) -> dict[str, Optional[str]]:
     return {
         "none": None,
         "none_b": None,
+        "noop": None,
+        "reads": None,
         "memwatch": None,
+        "memwatch_n10": None,
         "sync": None,
         "nvidia_smi": None if gpu and smi else (
             "GPU only" if not gpu else "nvidia-smi not found"),
@@ -220,7 +223,15 @@ def make_arm(name: str, gpu: bool) -> list:
     if name == "memwatch":
         from keras_memwatch import MemWatch
 
-        return [MemWatch()]
+        return [MemWatch(verbose=0)]
+    if name == "memwatch_n10":
+        from keras_memwatch import MemWatch
+
+        return [MemWatch(verbose=0, every_n_batches=10)]
+    if name == "noop":
+        return [noop_hook_class()()]
+    if name == "reads":
+        return [minimal_hook_class()()]
     if name == "sync":
         return [sync_reads_class()()]
     if name == "nvidia_smi":
@@ -284,6 +295,20 @@ def timed_memwatch_class():
             self.end_ns.append(thread_ns() - t)
 
     return TimedMemWatch
+
+
+def noop_hook_class():
+    """An async-safe batch-end hook that does nothing: what Keras's own
+    dispatch of a callback costs."""
+    keras = import_keras()
+
+    class NoopHook(keras.callbacks.Callback):
+        async_safe = True
+
+        def on_train_batch_end(self, batch, logs=None):
+            pass
+
+    return NoopHook
 
 
 def minimal_hook_class():

@@ -101,7 +101,7 @@ def run_parts(parts: list[str], quick: bool, models: list[str],
         from benchmarks.overhead import run_overhead
 
         available = A.available_arms(gpu)
-        wanted = ["none", "none_b", "memwatch"]
+        wanted = ["none", "none_b", "noop", "reads", "memwatch", "memwatch_n10"]
         if "peers" in parts:
             wanted += ["sync", "nvidia_smi", "memory_stats", "stormlog"]
         arm_names = [a for a in wanted if available[a] is None]

@@ -7,7 +7,10 @@ from typing import Any, Optional
 
 ARM_TITLES = [
     ("none_b", "A/A (noise)"),
+    ("noop", "no-op async hook"),
+    ("reads", "raw-read async hook"),
     ("memwatch", "MemWatch()"),
+    ("memwatch_n10", "MemWatch(every_n_batches=10)"),
     ("sync", "sync callback"),
     ("nvidia_smi", "nvidia-smi"),
     ("memory_stats", "memory_stats()"),
