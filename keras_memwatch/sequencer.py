@@ -29,11 +29,13 @@ class Sequencer:
     """
 
     def __init__(self, lock: threading.Lock, max_wait_s: float = 1.0):
-        self._turn = threading.Condition(lock)
+        self._lock = lock
         self.max_wait_s = max_wait_s
         self._expected: collections.deque = collections.deque()
         self._waiting: dict[Key, Any] = {}
-        self._sleepers = 0  # threads inside wait_turn
+        # One condition per sleeping key, so that an arrival wakes only the
+        # thread whose turn has come (Keras runs up to ~20 hook threads).
+        self._sleeping: dict[Key, threading.Condition] = {}
 
     def expect(self, key: Key) -> None:
         """Announces the next key; needs no lock (one atomic append)."""
@@ -46,8 +48,8 @@ class Sequencer:
         expected = self._expected
         if expected and expected[0] == key and not self._waiting:
             expected.popleft()
-            if self._sleepers:
-                self._turn.notify_all()
+            if self._sleeping:
+                self._wake_head()
             return True
         return False
 
@@ -56,12 +58,11 @@ class Sequencer:
         expected = self._expected
         if not expected or expected[0] == key or key not in expected:
             return  # the usual case: in turn
-        self._sleepers += 1
+        turn = self._sleeping[key] = threading.Condition(self._lock)
         try:
-            self._turn.wait_for(
-                lambda: not expected or expected[0] == key, self.max_wait_s)
+            turn.wait_for(lambda: not expected or expected[0] == key, self.max_wait_s)
         finally:
-            self._sleepers -= 1
+            del self._sleeping[key]
 
     def arrive(self, key: Key, item: Any) -> list[tuple[Key, Any]]:
         """Hands in the item of `key`; returns the items now due, in order."""
@@ -77,9 +78,19 @@ class Sequencer:
             while expected and expected[0] in waiting:
                 head = expected.popleft()
                 due.append((head, waiting.pop(head)))
-        if self._sleepers:
-            self._turn.notify_all()
+        if self._sleeping:
+            self._wake_head()
         return due
+
+    def _wake_head(self) -> None:
+        """Wakes the thread of the key whose turn it is now, if it sleeps."""
+        expected = self._expected
+        turn = self._sleeping.get(expected[0]) if expected else None
+        if turn is not None:
+            turn.notify()
+        elif not expected:
+            for turn in self._sleeping.values():
+                turn.notify()
 
     def flush(self) -> list[tuple[Key, Any]]:
         """Returns every waiting item in announced order and forgets the
@@ -87,5 +98,6 @@ class Sequencer:
         order = {key: i for i, key in enumerate(self._expected)}
         keys = sorted(self._waiting, key=lambda k: order.get(k, len(order)))
         self._expected.clear()
-        self._turn.notify_all()
+        for turn in self._sleeping.values():
+            turn.notify()
         return [(key, self._waiting.pop(key)) for key in keys]
