@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
 import time
 from time import perf_counter
@@ -15,25 +14,23 @@ import keras
 import pandas as pd
 
 from keras_memwatch import options
-from keras_memwatch.columns import HOST_DEVICE
 from keras_memwatch.csvlog import PathLike, open_log
 from keras_memwatch.derived import main_device, spike_table
 from keras_memwatch.detector import SpikeDetector
 from keras_memwatch.events import SpikeEvent
 from keras_memwatch.probes import resolve_probes
-from keras_memwatch.pipeline import Pipeline, value_reader
+from keras_memwatch.pipeline import Pipeline
 from keras_memwatch.ranks import hostname, process_index_and_count
 from keras_memwatch.recorder import Recorder
 from keras_memwatch.report import summarize
 from keras_memwatch.sampler import Row, Sampler
 from keras_memwatch.sequencer import Sequencer
 from keras_memwatch.spikes import SpikeMonitor
-from keras_memwatch.step_plan import StepPlanner
-from keras_memwatch.units import MIB
+from keras_memwatch.files import open_new, refuse_existing
+from keras_memwatch.logs_metrics import LogsMetrics, add_metrics
+from keras_memwatch.step_plan import PLAN_SOURCE, StepPlanner, attach_planner
 
 logger = logging.getLogger("keras_memwatch")
-
-PLAN_SOURCE = "xla plan"
 
 
 def _never_raises(hook: Callable) -> Callable:
@@ -189,7 +186,7 @@ class MemWatch(keras.callbacks.Callback):
         self.hostname = hostname()
         self._recorder.reset(self._sampler.device_columns, self.process,
                              self.hostname)
-        planned = self._attach_planner()
+        self._planner, self._plan_note, planned = attach_planner(self.model)
         self._monitor = SpikeMonitor(
             devices, self.window, self.threshold, self.min_delta_mb,
             self.warmup, alert=self.verbose > 0, planned=planned,
@@ -213,7 +210,7 @@ class MemWatch(keras.callbacks.Callback):
         primary = devices.index(main_device(devices)) if devices else 0
         self._pipe = Pipeline(self._sampler, self._monitor, self._recorder, log,
                               self._planner, primary, self._lock, self._t0)
-        self._hot_metrics(primary)
+        self._metrics = LogsMetrics(self._sampler, primary, self._planner)
         self._training = True
         with self._lock:
             self._pipe.pending.append((("train", 0, None), 0.0, self._sampler.read()))
@@ -244,7 +241,7 @@ class MemWatch(keras.callbacks.Callback):
         self._flush()
         self._pipe.end_epoch(epoch)
         if self.add_to_logs and logs is not None:
-            _add_metrics(logs, self._pipe.epoch_peak, self._pipe.last_current)
+            add_metrics(logs, self._pipe.epoch_peak, self._pipe.last_current)
         self._deliver()
 
     @_never_raises
@@ -307,7 +304,7 @@ class MemWatch(keras.callbacks.Callback):
                 if len(pending) == self._pipe.block:
                     self._pipe.wake()
                 if logs is not None and self.add_to_logs and phase == "train":
-                    self._add_batch_metrics(key, raw, logs)
+                    self._metrics.add(key, raw, logs)
         except Exception as e:
             self._fault("on_batch_end", e)
 
@@ -316,34 +313,6 @@ class MemWatch(keras.callbacks.Callback):
             self._faults.add(where)
             logger.warning("MemWatch %s failed (%r); training goes on", where,
                            error, exc_info=True)
-
-    def _hot_metrics(self, primary: int) -> None:
-        """Readers of the main device's figures in a raw read, for the logs."""
-        sampler = self._sampler
-        self._last_current: Optional[int] = None
-        if not sampler.devices:
-            self._read_current = self._read_peak = None
-            return
-        self._read_current = value_reader(sampler, primary,
-                                          sampler.current_columns[primary])
-        peak_column = sampler.peak_columns[primary]
-        self._read_peak = (value_reader(sampler, primary, (peak_column,))
-                           if sampler.per_step_peak[primary] else None)
-
-    def _add_batch_metrics(self, key: tuple, raw: list, logs: dict) -> None:
-        if self._read_current is None:
-            return
-        current = self._read_current(raw)
-        if self._read_peak is not None:
-            peak = self._read_peak(raw)
-        else:  # JAX: in use before the step plus its plan's working part
-            plan = self._planner.peek(key) if self._planner else None
-            before = self._last_current
-            peak = None if plan is None or before is None else before + plan.working_bytes
-        self._last_current = current
-        if peak is not None and current is not None and peak < current:
-            peak = current
-        _add_metrics(logs, peak, current)
 
     def _flush(self) -> None:
         """Hands samples held back for order to the pipeline."""
@@ -376,25 +345,6 @@ class MemWatch(keras.callbacks.Callback):
                 if self.verbose:
                     logger.warning("on_spike returned True at epoch %s batch %s: "
                                    "training stops", event.epoch, event.batch)
-
-    def _attach_planner(self) -> tuple[str, ...]:
-        """On JAX, reads XLA's plan of each step; returns the devices the
-        step runs on (its GPUs, else the host)."""
-        self._planner, self._plan_note = None, ""
-        if keras.backend.backend() != "jax":
-            return ()
-        planner = StepPlanner()
-        try:
-            why = planner.attach(self.model)
-        except Exception as e:  # Keras internals moved: no plan, training goes on
-            why = f"the train step could not be wrapped ({e!r})"
-        if why is not None:
-            self._plan_note = f"unavailable: {why}"
-            return ()
-        from keras_memwatch.probes.jax import local_gpu_names
-
-        self._planner = planner
-        return local_gpu_names() or (HOST_DEVICE,)
 
     def _close(self) -> None:
         if self._pipe is not None:
@@ -432,16 +382,9 @@ class MemWatch(keras.callbacks.Callback):
         """What each probe of the last fit could see, or why it could not."""
         notes = dict(self._sampler.notes)
         if self._planner is not None:
-            notes[PLAN_SOURCE] = (
-                f"XLA's plan of each training step, read where fit compiles: "
-                f"{self._planner.signatures} input signature(s), "
-                f"{self._planner.seconds:.2f} s in all")
-            quiet = [f"{d} at {n} step(s)" for d, n in
-                     zip(self._monitor.devices, self._monitor.compiling) if n]
-            if quiet:
-                notes[PLAN_SOURCE] += (
-                    "; not judged while XLA compiled a new input shape (that host "
-                    "memory is not a step's): " + ", ".join(quiet))
+            quiet = {d: n for d, n in zip(self._monitor.devices,
+                                          self._monitor.compiling) if n}
+            notes[PLAN_SOURCE] = self._planner.describe(quiet)
         elif self._plan_note:
             notes[PLAN_SOURCE] = self._plan_note
         return notes
@@ -491,7 +434,7 @@ class MemWatch(keras.callbacks.Callback):
         from keras_memwatch.plot import plot_memory
 
         if path is not None:
-            _refuse_existing(path, overwrite)
+            refuse_existing(path, overwrite)
         return plot_memory(self.to_dataframe(), self.spikes, path=path, ax=ax)
 
     def summary(self, batch_size: Optional[int] = None) -> str:
@@ -554,7 +497,7 @@ class MemWatch(keras.callbacks.Callback):
             FileExistsError: if `path` exists and `overwrite` is `False`.
         """
         frame = self.to_dataframe()
-        with _open_new(path, overwrite, "") as f:
+        with open_new(path, overwrite) as f:
             frame.to_csv(f, index=False)
 
     def to_parquet(self, path: PathLike, overwrite: bool = False) -> None:
@@ -575,30 +518,5 @@ class MemWatch(keras.callbacks.Callback):
                 "MemWatch.to_parquet needs pyarrow: pip install pyarrow "
                 "(or pip install 'keras-memwatch[parquet]')") from None
         frame = self.to_dataframe()
-        with _open_new(path, overwrite, "b") as f:
+        with open_new(path, overwrite, binary=True) as f:
             frame.to_parquet(f, index=False)
-
-
-def _refuse_existing(path: PathLike, overwrite: bool) -> None:
-    """Raises `FileExistsError` for an existing `path` unless `overwrite`."""
-    if not overwrite and os.path.lexists(path):
-        raise FileExistsError(
-            f"{os.fspath(path)} exists; pass overwrite=True to replace it")
-
-
-def _open_new(path: PathLike, overwrite: bool, binary: str) -> Any:
-    """`path` opened for writing: created, never replaced unless `overwrite`."""
-    text = {} if binary else {"encoding": "utf-8", "newline": ""}
-    try:
-        return open(path, ("w" if overwrite else "x") + binary, **text)
-    except FileExistsError:
-        _refuse_existing(path, overwrite)
-        raise
-
-
-def _add_metrics(logs: dict, peak: Optional[int], current: Optional[int]) -> None:
-    if peak is not None:
-        logs["mem_peak_mib"] = peak / MIB
-    if current is not None:
-        logs["mem_current_mib"] = current / MIB
-

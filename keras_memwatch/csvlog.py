@@ -113,19 +113,6 @@ class CsvLog:
             f"no free name among {os.fspath(path)} and its first {MAX_NAMES} "
             "numbered variants")
 
-    def write(
-        self,
-        step: int,
-        epoch: int,
-        batch: Optional[int],
-        phase: str,
-        time_s: float,
-        devices: Sequence[str],
-        rows: Sequence[dict[str, Optional[int]]],
-    ) -> None:
-        """Writes one sample (one line per device) in a single system call."""
-        self.write_text(self.format(step, epoch, batch, phase, time_s, devices, rows))
-
     def format(
         self,
         step: int,

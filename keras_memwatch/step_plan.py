@@ -22,10 +22,14 @@ from collections.abc import Hashable, Iterator
 from typing import Any, Optional
 
 from keras_memwatch import xla_plan
+from keras_memwatch.columns import HOST_DEVICE
 
 logger = logging.getLogger("keras_memwatch")
 
 _WRAPPED = "_memwatch_unwrapped"  # the attribute holding the original function
+
+#: The name of the plan among a watch's sources.
+PLAN_SOURCE = "xla plan"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +116,17 @@ class StepPlanner:
         self._model = model
         return None
 
+    def describe(self, not_judged: dict[str, int]) -> str:
+        """The plan's note among the sources; `not_judged` counts, per
+        device, the samples left unjudged while XLA compiled."""
+        note = (f"XLA's plan of each training step, read where fit compiles: "
+                f"{self.signatures} input signature(s), {self.seconds:.2f} s in all")
+        if not_judged:
+            note += ("; not judged while XLA compiled a new input shape (that host "
+                     "memory is not a step's): "
+                     + ", ".join(f"{d} at {n} step(s)" for d, n in not_judged.items()))
+        return note
+
     def detach(self) -> None:
         """Gives the model its own train function back."""
         model, self._model = self._model, None
@@ -167,3 +182,27 @@ class StepPlanner:
             self._warned = True
             logger.warning("XLA's plan of the train step could not be read (%r); "
                            "plan_bytes is missing for those steps", error)
+
+
+def attach_planner(model: Any) -> tuple[Optional[StepPlanner], str, tuple[str, ...]]:
+    """On the JAX backend, plans the steps of `model`'s fit.
+
+    Returns:
+        `(planner, note, devices)`: the attached planner (None when there is
+        none, and `note` says why), and the devices a step runs on (its GPUs,
+        else the host), whose rows carry the plan.
+    """
+    import keras
+
+    if keras.backend.backend() != "jax":
+        return None, "", ()
+    planner = StepPlanner()
+    try:
+        why = planner.attach(model)
+    except Exception as e:  # Keras internals moved: no plan, training goes on
+        why = f"the train step could not be wrapped ({e!r})"
+    if why is not None:
+        return None, f"unavailable: {why}", ()
+    from keras_memwatch.probes.jax import local_gpu_names
+
+    return planner, "", local_gpu_names() or (HOST_DEVICE,)

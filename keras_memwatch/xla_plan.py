@@ -62,19 +62,6 @@ def device_bytes(array: Any) -> int:
     return math.prod(shape) * array.dtype.itemsize
 
 
-def abstract(tree: Any) -> Any:
-    """`tree` with each array replaced by its shape, dtype and sharding."""
-    import jax
-
-    def spec(a: Any) -> Any:
-        if a is None or not hasattr(a, "shape"):
-            return a
-        return jax.ShapeDtypeStruct(a.shape, a.dtype,
-                                    sharding=getattr(a, "sharding", None))
-
-    return jax.tree_util.tree_map(spec, tree)
-
-
 def batch_spec(batch: tuple[Any, Any], size: int) -> tuple[Any, Any, None]:
     """`(x, y, None)` as shapes and dtypes only, with `size` samples."""
     import jax

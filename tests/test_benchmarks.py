@@ -140,6 +140,12 @@ def test_verify_capacity_tiny_prints_the_table_and_writes_json(tmp_path):
     (result,) = report["results"]
     estimate = result["estimates"]["auto"]
     assert estimate["restored_exactly"] is True
+    if estimate["predicted_batch_size"] is None:
+        # Host RSS on a busy CPU can bend the line: then it says why, and no
+        # size is trained against a prediction that does not exist.
+        assert estimate["explanation"].startswith("No prediction")
+        assert result["trials"] == []
+        return
     assert estimate["predicted_batch_size"] > 0
     assert result["at_predicted"] in ("ran", "oom")
     assert 1 <= len(result["trials"]) <= 3

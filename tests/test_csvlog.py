@@ -29,7 +29,7 @@ def write_both(path, n):
         rows = [gpu_row(i, spike=i == 2), host_row(i)]
         batch = None if i == 0 else i - 1
         recorder.append(0, batch, "train", i * 0.25, rows)
-        log.write(i, 0, batch, "train", i * 0.25, ("GPU:0", "host"), rows)
+        log.write_text(log.format(i, 0, batch, "train", i * 0.25, ("GPU:0", "host"), rows))
     return log, recorder
 
 
@@ -161,7 +161,7 @@ def write_process(path, process, host, n=4, spike_at=None):
         rows = [gpu_row(i + 10 * process, spike=i == spike_at),
                 host_row(i + 10 * process)]
         batch = None if i == 0 else i - 1
-        log.write(i, 0, batch, "train", i * 0.25, ("GPU:0", "host"), rows)
+        log.write_text(log.format(i, 0, batch, "train", i * 0.25, ("GPU:0", "host"), rows))
     log.close()
     return str(path)
 

@@ -212,7 +212,7 @@ def test_two_jax_processes_write_two_complete_logs_and_one_report(tmp_path):
     assert done.returncode == 0, done.stderr
     host = results[0]["hostname"]
     text = done.stdout
-    assert text.startswith(f"keras_memwatch report: 2 process(es) on 1 host(s), 2 log(s)")
+    assert text.startswith("keras_memwatch report: 2 process(es) on 1 host(s), 2 log(s)")
     assert f"== process 0 on {host} ({out / 'mem.rank0.csv'}) ==" in text
     assert f"== process 1 on {host} ({out / 'mem.rank1.csv'}) ==" in text
     assert "Across processes:" in text and "Imbalance between processes:" in text

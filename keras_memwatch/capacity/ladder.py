@@ -104,15 +104,8 @@ def _climb(model: Any, data: Batches, meter: Meter, sizes: Optional[Sequence[int
         size = queue.pop(0)
         tried += 1
         batch = data.take(size)
-        try:
-            working = _measure_size(model, batch, size, meter, ladder)
-        except Exception as e:
-            if not is_oom_error(e):
-                raise
-            ladder.stopped = f"batch {size} ran out of memory ({type(e).__name__})"
-            ladder.failed = size
-            logger.warning("estimate_max_batch_size: %s; the ladder stops there",
-                           ladder.stopped)
+        ran, working = _measured(model, batch, size, meter, ladder)
+        if not ran:
             break
         if working is None:
             ladder.hidden.append(size)
@@ -166,13 +159,8 @@ def _climb_xla(model: Any, data: Batches, meter: Meter,
     queue = list(sizes) if sizes is not None else [START]
     first = queue.pop(0)
     batch = data.take(first)
-    try:
-        working = _measure_size(model, batch, first, meter, ladder)
-    except Exception as e:
-        if not is_oom_error(e):
-            raise
-        ladder.stopped = f"batch {first} ran out of memory ({type(e).__name__})"
-        ladder.failed = first
+    ran, working = _measured(model, batch, first, meter, ladder)
+    if not ran:
         return ladder
     if working is None or meter.method != "xla":  # fell back to the probes
         ladder.hidden.append(first)
@@ -221,6 +209,22 @@ def xla_sizes(first: int, working: int, free: Optional[float],
     mid = max(first * 2, int(round((first * top) ** 0.5)))
     low = max(first + 1, int(round((first * mid) ** 0.5)))
     return sorted({low, mid, top} - {first})
+
+
+def _measured(model: Any, batch: Any, size: int, meter: Any,
+              ladder: Any) -> tuple[bool, Optional[int]]:
+    """`(True, working memory)` of one size, or `(False, None)` when it ran
+    out of memory (said in `ladder`, which stops there)."""
+    try:
+        return True, _measure_size(model, batch, size, meter, ladder)
+    except Exception as e:
+        if not is_oom_error(e):
+            raise
+        ladder.stopped = f"batch {size} ran out of memory ({type(e).__name__})"
+        ladder.failed = size
+        logger.warning("estimate_max_batch_size: %s; the ladder stops there",
+                       ladder.stopped)
+        return False, None
 
 
 def _measure_size(model: Any, batch: tuple[Any, Any], size: int, meter: Meter,
