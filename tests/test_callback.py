@@ -289,10 +289,20 @@ def test_a_burst_of_spikes_is_one_alert_and_one_summary(memwatch_logs):
         f"memory spike burst on GPU:0: {len(flagged)} consecutive spiking samples")
 
 
+class InOrder(keras.callbacks.Callback):
+    """A batch-end hook that is not async-safe: Keras then runs every batch
+    hook in order on the training thread, so batches count samples exactly
+    (with async dispatch, hooks may run some batches behind the step)."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        pass
+
+
 def test_on_spike_returning_true_stops_training_within_the_bound(memwatch_logs):
     watch = MemWatch(probes=[scripted([40] * 8 + [500] + [40] * 7)],
                      on_spike=lambda event: True)
-    fit(watch, epochs=3, n=16 * 256)  # 256 batches an epoch; the spike is batch 8
+    # 256 batches an epoch; the spike is batch 8.
+    fit(watch, epochs=3, n=16 * 256, callbacks=[InOrder()])
     frame = watch.to_dataframe()
     assert frame["epoch"].max() == 0
     assert frame["batch"].max() <= 8 + 64 + 1  # 64 sampled batches, and the next
