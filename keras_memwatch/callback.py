@@ -147,6 +147,7 @@ class MemWatch(keras.callbacks.Callback):
         max_rows: Optional[int] = None,
     ):
         super().__init__()
+        self.async_safe = _asynchronous_steps()
         self.every_n_batches = options.positive_int("every_n_batches", every_n_batches)
         detector = SpikeDetector(window, threshold, min_delta_mb, warmup)  # checks them
         self.window, self.threshold = detector.window, detector.threshold
@@ -520,3 +521,16 @@ class MemWatch(keras.callbacks.Callback):
         frame = self.to_dataframe()
         with open_new(path, overwrite, binary=True) as f:
             frame.to_parquet(f, index=False)
+
+
+def _asynchronous_steps() -> bool:
+    """Whether batch hooks should leave the training thread (Keras's
+    `async_safe`): yes where steps run asynchronously (a GPU, or JAX), no
+    for PyTorch on the CPU, whose steps are synchronous anyway: there, hooks
+    on worker threads would read memory while the next step runs, so a
+    sample's peak would straddle two steps."""
+    if keras.backend.backend() != "torch":
+        return True
+    import torch
+
+    return bool(torch.cuda.is_available())

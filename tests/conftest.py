@@ -13,7 +13,10 @@ from typing import Optional
 # Before Keras, matplotlib or PyTorch is imported: their caches and Keras's
 # keras.json go into one folder of this run, removed at its end, so that the
 # suite leaves the home folder and /tmp as it found them.
-_HOMES = tempfile.mkdtemp(prefix="memwatch-tests-")
+# Child processes that import this file inherit the folder.
+_OWN_HOMES = "MEMWATCH_TEST_HOMES" not in os.environ
+_HOMES = os.environ.setdefault("MEMWATCH_TEST_HOMES",
+                               tempfile.mkdtemp(prefix="memwatch-tests-"))
 for _name, _sub in (("KERAS_HOME", "keras"), ("MPLCONFIGDIR", "matplotlib"),
                     ("TORCHINDUCTOR_CACHE_DIR", "torchinductor"),
                     ("XDG_CACHE_HOME", "cache")):
@@ -43,7 +46,8 @@ def _gpu_present() -> bool:
 
 
 def pytest_sessionfinish(session, exitstatus):
-    shutil.rmtree(_HOMES, ignore_errors=True)
+    if _OWN_HOMES:
+        shutil.rmtree(_HOMES, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
