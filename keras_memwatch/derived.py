@@ -21,7 +21,7 @@ from typing import Any, Optional
 import pandas as pd
 
 from keras_memwatch import columns as C
-from keras_memwatch.units import MIB, format_bytes
+from keras_memwatch.events import ratio
 
 #: The sources of a device's limit, best first.
 LIMIT_SOURCES = (C.ALLOCATOR_LIMIT, C.NVML_TOTAL)
@@ -47,27 +47,6 @@ def working_memory_of(rows: pd.DataFrame) -> pd.Series:
     """`working_memory` of each of one device's rows, in step order
     (missing where the peak or the memory before is)."""
     return (rows["peak_bytes"] - in_use_before(rows)).clip(lower=0)
-
-
-#: Below this usual working memory a multiple of it means nothing.
-NEAR_ZERO_BYTES = MIB
-#: At or above this multiple, the bytes say more than the multiple.
-MAX_SHOWN_RATIO = 100
-
-
-def ratio(working: float, usual: float) -> float:
-    """A step's working memory as a multiple of the usual one; NaN where the
-    usual is near zero (under 1 MiB), where a multiple means nothing."""
-    return working / usual if usual >= NEAR_ZERO_BYTES else float("nan")
-
-
-def against_usual(working: float, usual: float) -> str:
-    """"3.2x the usual 40 MiB", or "against a usual 10 KiB" where a multiple
-    would be near-infinite or over 100x."""
-    times = ratio(working, usual)
-    if times < MAX_SHOWN_RATIO:  # False for NaN
-        return f"{times:.1f}x the usual {format_bytes(usual)}"
-    return f"against a usual {format_bytes(usual)}"
 
 
 def reserved_unallocated(rows: pd.DataFrame) -> pd.Series:

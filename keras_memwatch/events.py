@@ -5,10 +5,29 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from keras_memwatch.derived import against_usual, ratio
-from keras_memwatch.units import format_bytes
+from keras_memwatch.units import MIB, format_bytes
 
-__all__ = ["DriftEvent", "RiseEvent", "SpikeEvent"]
+__all__ = ["DriftEvent", "RiseEvent", "SpikeEvent", "against_usual", "ratio"]
+
+#: Below this usual working memory a multiple of it means nothing.
+NEAR_ZERO_BYTES = MIB
+#: At or above this multiple, the bytes say more than the multiple.
+MAX_SHOWN_RATIO = 100
+
+
+def ratio(working: float, usual: float) -> float:
+    """A step's working memory as a multiple of the usual one; NaN where the
+    usual is near zero (under 1 MiB), where a multiple means nothing."""
+    return working / usual if usual >= NEAR_ZERO_BYTES else float("nan")
+
+
+def against_usual(working: float, usual: float) -> str:
+    """"3.2x the usual 40 MiB", or "against a usual 10 KiB" where a multiple
+    would be near-infinite or over 100x."""
+    times = ratio(working, usual)
+    if times < MAX_SHOWN_RATIO:  # False for NaN
+        return f"{times:.1f}x the usual {format_bytes(usual)}"
+    return f"against a usual {format_bytes(usual)}"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,8 +9,9 @@ import pandas as pd
 
 from keras_memwatch.breakdown import device_memory, format_breakdown, memory_breakdown
 from keras_memwatch.columns import HOST_DEVICE
-from keras_memwatch.derived import (against_usual, drift_from_frame, log_sources,
-                                    rises_from_frame, spikes_from_frame)
+from keras_memwatch.derived import (drift_from_frame, log_sources, rises_from_frame,
+                                    spikes_from_frame)
+from keras_memwatch.events import against_usual
 from keras_memwatch.units import format_bytes
 
 _MAX_LISTED = 12  # spikes listed by place before "... and N more"
