@@ -1,9 +1,11 @@
-"""The streamed CSV log: written sample by sample, read back by `load_log`.
+"""The streamed CSV log: written a block of samples at a time, read back by
+`load_log`.
 
-Each sample's rows go to the kernel in one unbuffered `write` before the
-next is taken, so a crash or a `kill -9` of the training process loses at
-most the sample in flight (a power loss may lose what the kernel had not
-yet written to disk). A log never overwrites a file: it is created
+Each block of rows goes to the kernel in one unbuffered `write` (the
+pipeline writes one at least every 0.1 s while training runs), so a crash
+or a `kill -9` of the training process loses at most the rows of the last
+0.1 s (a power loss may lose what the kernel had not yet written to disk);
+`load_log` drops a line cut short. A log never overwrites a file: it is created
 exclusively (`O_EXCL`). `CsvLog.create_free` takes the next free name when
 the one asked for is taken, by another process of a distributed run, by
 another job started at the same moment in the same folder, or by an
