@@ -15,8 +15,9 @@ from typing import Optional
 # suite leaves the home folder and /tmp as it found them.
 # Child processes that import this file inherit the folder.
 _OWN_HOMES = "MEMWATCH_TEST_HOMES" not in os.environ
-_HOMES = os.environ.setdefault("MEMWATCH_TEST_HOMES",
-                               tempfile.mkdtemp(prefix="memwatch-tests-"))
+if _OWN_HOMES:
+    os.environ["MEMWATCH_TEST_HOMES"] = tempfile.mkdtemp(prefix="memwatch-tests-")
+_HOMES = os.environ["MEMWATCH_TEST_HOMES"]
 for _name, _sub in (("KERAS_HOME", "keras"), ("MPLCONFIGDIR", "matplotlib"),
                     ("TORCHINDUCTOR_CACHE_DIR", "torchinductor"),
                     ("XDG_CACHE_HOME", "cache")):
