@@ -4,8 +4,9 @@ A batch hook only reads the probes and appends the raw readings to
 `pending`. Everything else happens here, a block of samples at a time, on a
 thread of its own: the readings become rows, JAX steps get their plan, the
 monitor judges, the recorder keeps and the log streams (one write a block).
-That thread runs while the training thread is inside the framework (which
-releases the interpreter), so the batch hook costs what its reads cost.
+That thread can run while the training thread is inside the framework
+(which releases the interpreter), and the batch hook does little beyond
+its reads.
 
 The thread drains every `interval_s` (0.1 s), and as soon as `block` (32)
 samples wait; should it fall behind, the training thread drains itself once
@@ -21,8 +22,7 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
-from collections.abc import Callable
-from typing import Any, Optional
+from typing import Optional
 
 from keras_memwatch.csvlog import CsvLog
 from keras_memwatch.events import SpikeEvent
@@ -196,37 +196,3 @@ class Pipeline:
         with self._drain_lock:
             events, self.events = self.events, []
         return events
-
-
-def value_reader(sampler: Sampler, device_index: int,
-                 columns: tuple[str, ...]) -> Callable[[list], Optional[Any]]:
-    """A cheap reader of one device's first present value among `columns`
-    in a raw `Sampler.read()`, for the hot path (Keras's batch logs)."""
-    places = sampler.places(device_index, columns)
-    if len(places) == 1:  # the usual case, as cheap as can be
-        (probe, slot, column), = places
-
-        def read_one(raw: list) -> Optional[Any]:
-            readings = raw[probe]
-            if type(readings) is tuple:
-                try:
-                    return readings[slot][column]
-                except (TypeError, IndexError):  # a probe that broke its shape
-                    return None
-            return read(raw)
-
-        return read_one
-
-    def read(raw: list) -> Optional[Any]:
-        for probe, slot, column in places:
-            readings = raw[probe]
-            if isinstance(readings, (tuple, list)):
-                try:
-                    value = readings[slot][column]
-                except (TypeError, IndexError):
-                    continue
-                if value is not None:
-                    return value
-        return None
-
-    return read
