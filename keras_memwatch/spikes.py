@@ -131,7 +131,8 @@ class SpikeMonitor:
                     row["peak_bytes"] = before + plan.working_bytes
             mark = self._marks[i]
             if self._peak_columns[i] is not None:
-                self._marks[i] = row.get(self._peak_columns[i], mark)
+                if row.get(self._peak_columns[i]) is not None:  # a read kept it
+                    self._marks[i] = row[self._peak_columns[i]]
             if judged and current is not None:
                 self._drift[i].update(current)
             peak = row["peak_bytes"]
