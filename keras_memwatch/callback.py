@@ -268,9 +268,9 @@ class MemWatch(keras.callbacks.Callback):
             return
         try:
             pipe = self._pipe
-            if pipe.events or len(pipe.pending) >= pipe.overdue_at:
-                if pipe.overdue:
-                    pipe.drain()
+            if len(pipe.pending) >= pipe.overdue_at:  # its thread fell behind
+                pipe.drain()
+            if pipe.events:
                 self._deliver()
             end = begin + self._spe - 1
             key = (phase, self._epoch, end) if self._every or self._due(end) else None
@@ -291,17 +291,18 @@ class MemWatch(keras.callbacks.Callback):
                 return
             key = (phase, self._epoch, batch)
             with self._lock:
-                if self._sequence.take_turn(key):  # the usual case
-                    raw = self._sampler.read()
-                    pending = self._pipe.pending
-                    pending.append((key, perf_counter() - self._t0, raw))
-                else:  # let earlier batches read first: each peak is its batch's
+                in_turn = self._sequence.take_turn(key)  # the usual case
+                if not in_turn:  # let earlier batches read first: each peak is its batch's
                     self._sequence.wait_turn(key)  # releases the lock meanwhile
-                    raw = self._sampler.read()
-                    pending = self._pipe.pending
-                    for due, (time_s, due_raw) in self._sequence.arrive(
-                            key, (perf_counter() - self._t0, raw)):
-                        pending.append((due, time_s, due_raw))
+                raw = self._sampler.read()
+                time_s = perf_counter() - self._t0
+                pending = self._pipe.pending  # after the wait: a drain swaps it
+                if in_turn:
+                    pending.append((key, time_s, raw))
+                else:
+                    for due, (due_time_s, due_raw) in self._sequence.arrive(
+                            key, (time_s, raw)):
+                        pending.append((due, due_time_s, due_raw))
                 if len(pending) == self._pipe.block:
                     self._pipe.wake()
                 if logs is not None and self.add_to_logs and phase == "train":

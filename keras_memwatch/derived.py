@@ -141,18 +141,19 @@ def drift_from_frame(frame: pd.DataFrame, window: int = 50,
     Returns:
         `(device, epoch, DriftEvent)` tuples.
     """
-    return _replay_drift(frame, window, min_delta_mb)[0]
+    return replay_drift(frame, window, min_delta_mb)[0]
 
 
 def rises_from_frame(frame: pd.DataFrame, window: int = 50,
                      min_delta_mb: float = 64) -> list[tuple]:
     """The one-off rises (not leaks) that `drift_from_frame` sets apart:
     `(device, epoch, RiseEvent)` tuples."""
-    return _replay_drift(frame, window, min_delta_mb)[1]
+    return replay_drift(frame, window, min_delta_mb)[1]
 
 
-def _replay_drift(frame: pd.DataFrame, window: int,
-                  min_delta_mb: float) -> tuple[list[tuple], list[tuple]]:
+def replay_drift(frame: pd.DataFrame, window: int = 50,
+                 min_delta_mb: float = 64) -> tuple[list[tuple], list[tuple]]:
+    """`(drift_from_frame(...), rises_from_frame(...))` in one replay."""
     from keras_memwatch.detector import DriftMonitor
 
     drift, rises = [], []

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from keras_memwatch import columns as C
+from keras_memwatch.files import open_new
 from keras_memwatch.derived import (in_use_before, limit_of, main_device, peaks_from_plan,
                                     spikes_from_frame)
 from keras_memwatch.units import MIB, format_bytes
@@ -363,7 +364,7 @@ def save_figure(fig: Any, path: PathLike, overwrite: bool = False) -> str:
     if ext not in image_formats():
         raise ValueError(f"Expected a path ending in an image format's extension "
                          f"(.png, .svg, .pdf, ...). Received: {path!r}")
-    with open(path, "wb" if overwrite else "xb") as f:
+    with open_new(path, overwrite, binary=True) as f:
         try:
             fig.savefig(f, format=ext, dpi=110, bbox_inches="tight")
         except BaseException:

@@ -9,8 +9,7 @@ import pandas as pd
 
 from keras_memwatch.breakdown import device_memory, format_breakdown, memory_breakdown
 from keras_memwatch.columns import HOST_DEVICE
-from keras_memwatch.derived import (drift_from_frame, log_sources, rises_from_frame,
-                                    spikes_from_frame)
+from keras_memwatch.derived import log_sources, replay_drift, spikes_from_frame
 from keras_memwatch.events import against_usual
 from keras_memwatch.units import format_bytes
 
@@ -112,8 +111,10 @@ def summarize(
     if frame.empty:
         return "keras_memwatch: no samples recorded."
     spikes = spikes_from_frame(frame) if spikes is None else spikes
-    drift = drift_from_frame(frame) if drift is None else drift
-    rises = rises_from_frame(frame) if rises is None else rises
+    if drift is None or rises is None:
+        replayed_drift, replayed_rises = replay_drift(frame)
+        drift = replayed_drift if drift is None else drift
+        rises = replayed_rises if rises is None else rises
     sources = log_sources(frame) if sources is None else sources
     train = frame[frame["phase"] == "train"]
     steps = train[train["batch"].notna()]

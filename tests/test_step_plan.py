@@ -6,7 +6,9 @@ import keras
 import numpy as np
 import pytest
 
+from conftest import FakeProbe
 from keras_memwatch import MemWatch
+from keras_memwatch.demo import OversizedBatches
 from keras_memwatch.step_plan import StepPlanner
 
 pytestmark = pytest.mark.skipif(keras.backend.backend() != "jax",
@@ -15,20 +17,10 @@ pytestmark = pytest.mark.skipif(keras.backend.backend() != "jax",
 SMALL, LARGE, EVERY, BATCHES = 4, 64, 6, 18
 
 
-class Oversized(keras.utils.PyDataset):
+def Oversized():
     """Batches of 4 images, and one of 64 every 6th."""
-
-    def __init__(self):
-        super().__init__()
-        self.rng = np.random.default_rng(0)
-
-    def __len__(self):
-        return BATCHES
-
-    def __getitem__(self, index):
-        n = LARGE if (index + 1) % EVERY == 0 else SMALL
-        x = self.rng.normal(size=(n, 32, 32, 3)).astype("float32")
-        return x, self.rng.integers(0, 10, size=(n,))
+    return OversizedBatches(batches=BATCHES, batch_size=SMALL, oversized=LARGE,
+                            every=EVERY, input_shape=(32, 32, 3), classes=10)
 
 
 def convnet():
@@ -105,11 +97,6 @@ def test_the_planner_gives_the_train_function_back():
 def test_memory_that_xla_takes_to_compile_a_new_shape_is_not_a_spike(memwatch_logs):
     # A device the step does not run on (here a fake GPU beside JAX's CPU)
     # jumps at both oversized batches; only the first compiled a new shape.
-    import sys
-
-    sys.path.insert(0, __import__("os").path.dirname(__file__))
-    from conftest import FakeProbe
-
     mib = 2**20
     oversized = [b for b in range(BATCHES) if (b + 1) % EVERY == 0]  # 5, 11, 17
     values = [(500 * mib, 500 * mib)] + [
