@@ -207,6 +207,7 @@ def available_arms(gpu: bool) -> dict[str, Optional[str]]:
         "reads": None,
         "memwatch": None,
         "memwatch_n10": None,
+        **{name: None for name in ABLATIONS},
         "sync": None,
         "nvidia_smi": None if gpu and smi else (
             "GPU only" if not gpu else "nvidia-smi not found"),
@@ -228,6 +229,8 @@ def make_arm(name: str, gpu: bool) -> list:
         from keras_memwatch import MemWatch
 
         return [MemWatch(verbose=0, every_n_batches=10)]
+    if name in ABLATIONS:
+        return [ablated_memwatch_class()(name)]
     if name == "noop":
         return [noop_hook_class()()]
     if name == "reads":
@@ -241,6 +244,50 @@ def make_arm(name: str, gpu: bool) -> list:
     if name == "stormlog":
         return [stormlog_class()(gpu)]
     raise ValueError(f"unknown arm {name!r}")
+
+
+#: MemWatch with one part taken away, to find where its cost goes.
+ABLATIONS = {
+    "memwatch_nologs": "no `mem_*_mib` in Keras's logs (add_to_logs=False)",
+    "memwatch_noplan": "no XLA plans (the train function is not wrapped)",
+    "memwatch_noproc": "samples read and handed over but never processed "
+                       "(no rows, judging, recording or streaming)",
+    "memwatch_nothread": "no pipeline thread: the training thread processes "
+                         "a block once 64 samples wait",
+}
+
+
+def ablated_memwatch_class():
+    """`MemWatch(verbose=0)` without one of the parts in `ABLATIONS`
+    (diagnostic arms: their records are incomplete by design)."""
+    from unittest import mock
+
+    from keras_memwatch import MemWatch
+
+    class AblatedMemWatch(MemWatch):
+        def __init__(self, ablation: str):
+            super().__init__(verbose=0,
+                             add_to_logs=ablation != "memwatch_nologs")
+            self.ablation = ablation
+
+        def on_train_begin(self, logs=None):
+            patches = []
+            if self.ablation == "memwatch_noplan":
+                patches.append(mock.patch("keras_memwatch.callback.attach_planner",
+                                          lambda model: (None, "ablated", ())))
+            if self.ablation == "memwatch_nothread":
+                patches.append(mock.patch("keras_memwatch.pipeline.Pipeline.start"))
+            for p in patches:
+                p.start()
+            try:
+                super().on_train_begin(logs)
+            finally:
+                for p in patches:
+                    p.stop()
+            if self.ablation == "memwatch_noproc":
+                self._pipe._process = lambda block: None
+
+    return AblatedMemWatch
 
 
 # -- hook cost -------------------------------------------------------------

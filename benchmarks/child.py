@@ -97,11 +97,13 @@ def run_parts(parts: list[str], quick: bool, models: list[str],
         torch.set_num_threads(int(threads))
     gpu, device = device_of_backend()
     out.update(backend=keras.backend.backend(), gpu=gpu, device=device)
-    if "overhead" in parts or "peers" in parts:
+    if "overhead" in parts or "peers" in parts or "ablation" in parts:
         from benchmarks.overhead import run_overhead
 
         available = A.available_arms(gpu)
         wanted = ["none", "none_b", "noop", "reads", "memwatch", "memwatch_n10"]
+        if "ablation" in parts:
+            wanted += list(A.ABLATIONS)
         if "peers" in parts:
             wanted += ["sync", "nvidia_smi", "memory_stats", "stormlog"]
         arm_names = [a for a in wanted if available[a] is None]

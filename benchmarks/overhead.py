@@ -37,14 +37,19 @@ def run_overhead(model_name: str, arm_names: list[str], gpu: bool, reps: int,
     x, y = make_data(w, steps)
     EpochTimer = epoch_timer_class()
 
-    def fit(callbacks: list, n_epochs: int) -> tuple[float, float]:
+    def fit(callbacks: list, n_epochs: int) -> tuple[float, float, float, float]:
+        """Step wall time, fit wall time, and CPU time per step of the
+        training thread and of the whole process."""
         timer = EpochTimer()
         gc.collect()
-        t = time.perf_counter()
+        t, train_cpu, cpu = time.perf_counter(), time.thread_time(), time.process_time()
         model.fit(x, y, batch_size=w.batch_size, epochs=n_epochs, verbose=0,
                   shuffle=False, callbacks=[*callbacks, timer])
+        n = steps * n_epochs
+        train_cpu = (time.thread_time() - train_cpu) / n
+        cpu = (time.process_time() - cpu) / n
         wall = time.perf_counter() - t
-        return statistics.median(timer.epochs[1:]) / steps, wall
+        return statistics.median(timer.epochs[1:]) / steps, wall, train_cpu, cpu
 
     # Warm-up: compile, and let every arm do its first-time work once.
     fit([], 2)
@@ -54,6 +59,8 @@ def run_overhead(model_name: str, arm_names: list[str], gpu: bool, reps: int,
     step_s: dict[str, list[float]] = {a: [] for a in arm_names}
     fit_s: dict[str, list[float]] = {a: [] for a in arm_names}
     ratios: dict[str, list[float]] = {a: [] for a in arm_names}
+    train_cpu: dict[str, list[float]] = {a: [] for a in arm_names}
+    cpu: dict[str, list[float]] = {a: [] for a in arm_names}
     extra: dict[str, Any] = {}
     for r in range(reps):
         names = [a for a in arm_names if a not in SLOW_ARMS or r < slow_reps]
@@ -62,8 +69,10 @@ def run_overhead(model_name: str, arm_names: list[str], gpu: bool, reps: int,
         this_round = {}
         for name in order:
             callbacks = A.make_arm(name, gpu)
-            s, wall = fit(callbacks, epochs)
+            s, wall, thread_s, process_s = fit(callbacks, epochs)
             this_round[name] = s
+            train_cpu[name].append(thread_s)
+            cpu[name].append(process_s)
             step_s[name].append(s)
             fit_s[name].append(wall)
             if name == "stormlog" and callbacks:
@@ -90,6 +99,8 @@ def run_overhead(model_name: str, arm_names: list[str], gpu: bool, reps: int,
             "step_ms": spread([s * 1e3 for s in step_s[name]]),
             "fit_s": spread(fit_s[name]),
             "ratio": spread(ratios[name]),
+            "train_thread_cpu_us": spread([c * 1e6 for c in train_cpu[name]]),
+            "process_cpu_us": spread([c * 1e6 for c in cpu[name]]),
             "ratios": ratios[name],
         }
     return out

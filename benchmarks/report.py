@@ -125,6 +125,34 @@ def _overhead(results: dict) -> list[str]:
     return lines
 
 
+def _cpu(results: dict) -> list[str]:
+    """CPU time per step of every arm (training thread, whole process)."""
+    from benchmarks.arms import ABLATIONS
+
+    titles = dict(ARM_TITLES, none="no callback",
+                  **{a: f"{a} ({why})" for a, why in ABLATIONS.items()})
+    lines = []
+    for backend, e in results["backends"].items():
+        for model, o in (e.get("overhead") or {}).items():
+            arms = o["arms"]
+            if "process_cpu_us" not in arms.get("none", {}):
+                continue
+            lines += ["", f"{backend}, {_device(e)}, {model}: medians over rounds", "",
+                      "| arm | step ratio | step ms | training thread CPU us/step "
+                      "| process CPU us/step |", "| --- | ---: | ---: | ---: | ---: |"]
+            for arm, a in arms.items():
+                lines.append(
+                    f"| {titles.get(arm, arm)} | {_ratio(a['ratio'])} | "
+                    f"{a['step_ms']['median']:.3f} | "
+                    f"{a['train_thread_cpu_us']['median']:.1f} | "
+                    f"{a['process_cpu_us']['median']:.1f} |")
+    if lines:
+        lines = ["", "### CPU time per step, per arm", "",
+                 "Over whole fits (all epochs): the training thread's CPU time "
+                 "and the whole process's, per step."] + lines
+    return lines
+
+
 def _hook(results: dict) -> list[str]:
     rows, probe_rows = [], []
     for backend, e in results["backends"].items():
@@ -334,7 +362,7 @@ def _targets(results: dict) -> list[str]:
 
 def render(results: dict) -> str:
     lines = _header(results)
-    for section in (_overhead, _hook, _spikes, _scale, _targets):
+    for section in (_overhead, _cpu, _hook, _spikes, _scale, _targets):
         lines += section(results)
     errors = [f"- {b}: {_short(e.get('error'))}" for b, e in results["backends"].items()
               if e.get("status") == "error"]

@@ -1,7 +1,7 @@
 """Runs the whole benchmark suite and prints one table (markdown).
 
     python -m benchmarks.run [--backend jax[,torch]] [--quick]
-        [--json out.json] [--only overhead,hook,scale,peers]
+        [--json out.json] [--only overhead,hook,scale,peers,ablation]
         [--models mlp,convnet]
 
 Parts:
@@ -15,6 +15,8 @@ Parts:
   hook      thread CPU time of MemWatch's batch hooks against a minimal
             async-safe hook doing the same probe reads in the same fit, and
             per probe.
+  ablation  the overhead part with MemWatch arms that each lack one part
+            (benchmarks.arms.ABLATIONS), to find where its cost goes.
   scale     1,000,000 samples: recorder memory per row, to_dataframe() time,
             streamed CSV throughput, detector update cost.
 
@@ -42,7 +44,7 @@ from benchmarks.common import log, machine_info
 from benchmarks.report import render
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("overhead", "peers", "hook", "scale")
+PARTS = ("overhead", "peers", "hook", "scale", "ablation")
 BACKENDS = ("tensorflow", "jax", "torch")
 
 
@@ -177,7 +179,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if "scale" in parts:
         log("scale ...")
         results["scale"] = run_child(["scale"], backends[0] if backends else "jax", args)
-    fit_parts = [p for p in ("overhead", "peers", "hook") if p in parts]
+    fit_parts = [p for p in ("overhead", "peers", "hook", "ablation") if p in parts]
     for backend in backends:
         entry: dict[str, Any] = {}
         if fit_parts:
