@@ -194,8 +194,10 @@ def _wait(model: Any, backend: str) -> None:
 
 
 def trial(name: str, batch: int, backend: str, watch_dir: Optional[str] = None,
-          limit_bytes: Optional[int] = None) -> dict[str, Any]:
-    """Builds a fresh model and trains STEPS steps of `batch`: ran or oom."""
+          limit_bytes: Optional[int] = None, steps: int = STEPS,
+          how: str = "fit") -> dict[str, Any]:
+    """Builds a fresh model and trains `steps` steps of `batch` with `fit`
+    (or `train_on_batch`): ran or oom."""
     from keras_memwatch.oom import is_oom_error
 
     began = time.perf_counter()
@@ -203,13 +205,18 @@ def trial(name: str, batch: int, backend: str, watch_dir: Optional[str] = None,
     model = None
     try:
         model = build(name)
-        x, y = data(name, batch * STEPS)
+        x, y = data(name, batch * steps)
         if backend == "torch":
             import torch
 
             if torch.cuda.is_available():
                 torch.cuda.reset_peak_memory_stats()
-        if watch_dir is None:
+        if how == "train_on_batch":
+            for i in range(steps):
+                model.train_on_batch(x[i * batch:(i + 1) * batch],
+                                     y[i * batch:(i + 1) * batch])
+            _wait(model, backend)
+        elif watch_dir is None:
             model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False)
             _wait(model, backend)
         else:
@@ -568,7 +575,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="small models, for a smoke test on a CPU (use with "
                              "--cpu-as-limit-mb)")
     parser.add_argument("--trial", nargs=2, metavar=("MODEL", "BATCH"),
-                        help=argparse.SUPPRESS)
+                        help="one trial in this process: prints its JSON")
+    parser.add_argument("--trial-steps", type=int, default=STEPS,
+                        help=f"steps of a --trial (default {STEPS})")
+    parser.add_argument("--trial-how", choices=("fit", "train_on_batch"),
+                        default="fit", help="how a --trial trains (default fit)")
     parser.add_argument("--cpu-as-limit-mb", type=float, default=None,
                         help="smoke test on a CPU: cap the address space this many "
                              "MiB above its size now (RLIMIT_AS), after imports")
@@ -585,7 +596,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         name, batch = args.trial[0], int(args.trial[1])
         if args.cpu_as_limit_mb:
             _cap_address_space(args.cpu_as_limit_mb)
-        print(json.dumps(trial(name, batch, backend, None, config.limit_bytes(0))))
+        print(json.dumps(trial(name, batch, backend, None, config.limit_bytes(0),
+                               args.trial_steps, args.trial_how)))
         return 0
     log(str(config))
     limit_bytes = config.limit_bytes(0)
