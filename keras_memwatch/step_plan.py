@@ -47,24 +47,6 @@ class StepPlan:
     working_bytes: int
 
 
-class _Drawn:
-    """Passes batches through from Keras's iterator, keeping each one drawn."""
-
-    __slots__ = ("_iterator", "batches")
-
-    def __init__(self, iterator: Iterator) -> None:
-        self._iterator = iterator
-        self.batches: list[Any] = []
-
-    def __iter__(self) -> _Drawn:
-        return self
-
-    def __next__(self) -> Any:
-        data = next(self._iterator)
-        self.batches.append(data)
-        return data
-
-
 class StepPlanner:
     """Reads XLA's plan of each training step of a JAX `fit`.
 
@@ -102,13 +84,32 @@ class StepPlanner:
         self._plans, self._by_key, self.seconds, self._warned = {}, {}, 0.0, False
         self.compilations = []
 
+        import jax
+
+        plans, by_key = self._plans, self._by_key
+        spe = max(int(getattr(model, "steps_per_execution", 1) or 1), 1)
+        leaves = jax.tree_util.tree_leaves
+
+        def signature(data: Any) -> tuple:
+            """Shapes and dtypes of a batch's arrays: what XLA compiles for."""
+            return tuple((leaf.shape, leaf.dtype) for leaf in leaves(data))
+
+        # On the training thread every step: a dictionary look-up when the
+        # batch's signature is known, the plan read only when it is new.
         def train_function(state: Any, iterator: Iterator) -> Any:
-            drawn = _Drawn(iterator)
-            began, known = time.perf_counter(), len(self._plans)
-            logs, state = original(state, drawn)
-            self._planned(jitted, state, drawn.batches)
-            if len(self._plans) > known:  # XLA compiled a new input shape
+            batches = [next(iterator)] if spe == 1 else _draw(iterator, spe)
+            signatures = [signature(data) for data in batches]
+            if all(sig in plans for sig in signatures):
+                logs, state = original(state, iter(batches))
+            else:  # XLA compiles a new input shape in this call
+                began = time.perf_counter()
+                logs, state = original(state, iter(batches))
+                self._plan_new(jitted, state, batches, signatures)
                 self.compilations.append((began, time.perf_counter()))
+            known = [plans[sig] for sig in signatures]
+            if None not in known:
+                # Steps of one execution run one after another: the largest counts.
+                by_key[self._key] = max(known, key=_total) if spe > 1 else known[0]
             return logs, state
 
         setattr(train_function, _WRAPPED, original)
@@ -146,24 +147,21 @@ class StepPlanner:
         """The plan of the batch named `key` (None when unknown), once."""
         return self._by_key.pop(key, None)
 
-    def _planned(self, jitted: Any, state: Any, batches: list) -> None:
-        try:
-            plans = [self._plan(jitted, state, data) for data in batches]
-        except Exception as e:  # never into training
-            plans = [None]
-            self._warn(e)
-        if plans and None not in plans:
-            # Steps of one execution run one after another: the largest counts.
-            self._by_key[self._key] = max(plans, key=lambda p: p.total_bytes)
+    def _plan_new(self, jitted: Any, state: Any, batches: list,
+                  signatures: list) -> None:
+        """Reads the plan of each batch whose signature is new."""
+        for data, signature in zip(batches, signatures):
+            if signature in self._plans:
+                continue
+            self._plans[signature] = None  # a failure is not tried again
+            try:
+                self._plans[signature] = self._plan(jitted, state, data)
+            except Exception as e:  # never into training
+                self._warn(e)
 
-    def _plan(self, jitted: Any, state: Any, data: Any) -> Optional[StepPlan]:
+    def _plan(self, jitted: Any, state: Any, data: Any) -> StepPlan:
         import jax
 
-        leaves = jax.tree_util.tree_leaves(data)
-        signature = tuple((leaf.shape, leaf.dtype) for leaf in leaves)
-        if signature in self._plans:
-            return self._plans[signature]
-        self._plans[signature] = None  # a failure is not tried again
         began = time.perf_counter()
         # The live arrays, not their shapes alone: lowering reads only their
         # shapes, dtypes and shardings, and with them jit's caches answer
@@ -172,16 +170,28 @@ class StepPlanner:
         total = xla_plan.planned_bytes(compiled)
         state_bytes = sum(xla_plan.device_bytes(leaf)
                           for leaf in jax.tree_util.tree_leaves(state))
-        plan = StepPlan(total, max(total - state_bytes, 0))
-        self._plans[signature] = plan
         self.seconds += time.perf_counter() - began
-        return plan
+        return StepPlan(total, max(total - state_bytes, 0))
 
     def _warn(self, error: Exception) -> None:
         if not self._warned:
             self._warned = True
             logger.warning("XLA's plan of the train step could not be read (%r); "
                            "plan_bytes is missing for those steps", error)
+
+
+def _draw(iterator: Iterator, n: int) -> list:
+    """Up to `n` batches (the steps of one execution)."""
+    batches = []
+    for data in iterator:
+        batches.append(data)
+        if len(batches) == n:
+            break
+    return batches
+
+
+def _total(plan: StepPlan) -> int:
+    return plan.total_bytes
 
 
 def attach_planner(model: Any) -> tuple[Optional[StepPlanner], str, tuple[str, ...]]:

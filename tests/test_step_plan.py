@@ -106,3 +106,20 @@ def test_memory_that_xla_takes_to_compile_a_new_shape_is_not_a_spike(memwatch_lo
     flagged = watch.spikes.query("device == 'GPU:0'")["batch"].tolist()
     assert flagged == oversized[1:]  # batch 5 compiled the shape of 64
     assert "not judged while XLA compiled a new input shape" in watch.sources["xla plan"]
+
+
+def test_an_execution_of_several_steps_carries_its_largest_plan():
+    # Executions of 2 steps: (4, 4), (4, 64), (4, 4)...; the one holding an
+    # oversized batch gets the oversized plan, and the last (one step) its own.
+    model = convnet()
+    model.compile(optimizer="adam", steps_per_execution=2,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    watch = MemWatch(verbose=0)
+    model.fit(Oversized(), epochs=1, shuffle=False, callbacks=[watch], verbose=0)
+    steps = watch.to_dataframe().query("phase == 'train' and batch == batch")
+    plans = steps.set_index("batch")["plan_bytes"]
+    assert plans.index.tolist() == list(range(1, BATCHES, 2))
+    assert plans.notna().all()
+    large = [b for b in plans.index if (b + 1) % EVERY == 0]
+    assert plans[large].nunique() == 1 and plans.drop(large).nunique() == 1
+    assert plans[large].iloc[0] > 8 * plans.drop(large).iloc[0]
