@@ -24,7 +24,6 @@ from keras_memwatch.ranks import hostname, process_index_and_count
 from keras_memwatch.recorder import Recorder
 from keras_memwatch.report import summarize
 from keras_memwatch.sampler import Row, Sampler
-from keras_memwatch.sequencer import Sequencer
 from keras_memwatch.spikes import SpikeMonitor
 from keras_memwatch.files import open_new, refuse_existing
 from keras_memwatch.logs_metrics import LogsMetrics, add_metrics
@@ -205,7 +204,6 @@ class MemWatch(keras.callbacks.Callback):
                 self.log_paths.append(log.path)
         self._spe = max(int(getattr(self.model, "steps_per_execution", 1) or 1), 1)
         self._every = self.every_n_batches == 1 and self._spe == 1
-        self._sequence = Sequencer(self._lock)
         self._epoch = 0
         self._t0 = time.perf_counter()
         primary = devices.index(main_device(devices)) if devices else 0
@@ -214,7 +212,7 @@ class MemWatch(keras.callbacks.Callback):
         self._metrics = LogsMetrics(self._sampler, primary, self._planner)
         self._training = True
         with self._lock:
-            self._pipe.pending.append((("train", 0, None), 0.0, self._sampler.read()))
+            self._pipe.pending.append((("train", 0, None), self._t0, self._sampler.read()))
         self._pipe.drain()
         self._pipe.start()
 
@@ -239,7 +237,6 @@ class MemWatch(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if not self._training:
             return
-        self._flush()
         self._pipe.end_epoch(epoch)
         if self.add_to_logs and logs is not None:
             add_metrics(logs, self._pipe.epoch_peak, self._pipe.last_current)
@@ -275,9 +272,7 @@ class MemWatch(keras.callbacks.Callback):
             end = begin + self._spe - 1
             key = (phase, self._epoch, end) if self._every or self._due(end) else None
             if key is not None:
-                # On the training thread, so as cheap as can be: no lock (a
-                # deque append is atomic, and readers hold the lock).
-                self._sequence.expect(key)
+                pipe.expect(key)
             if self._planner is not None and phase == "train":
                 self._planner.expect(key)
         except Exception as e:
@@ -290,23 +285,14 @@ class MemWatch(keras.callbacks.Callback):
             if not (self._every or self._due(batch)):
                 return
             key = (phase, self._epoch, batch)
-            with self._lock:
-                in_turn = self._sequence.take_turn(key)  # the usual case
-                if not in_turn:  # let earlier batches read first: each peak is its batch's
-                    self._sequence.wait_turn(key)  # releases the lock meanwhile
+            pending = self._pipe.pending
+            with self._lock:  # appended in the order read
                 raw = self._sampler.read()
-                time_s = perf_counter() - self._t0
-                pending = self._pipe.pending  # after the wait: a drain swaps it
-                if in_turn:
-                    pending.append((key, time_s, raw))
-                else:
-                    for due, (due_time_s, due_raw) in self._sequence.arrive(
-                            key, (time_s, raw)):
-                        pending.append((due, due_time_s, due_raw))
-                if len(pending) == self._pipe.block:
-                    self._pipe.wake()
-                if logs is not None and self.add_to_logs and phase == "train":
-                    self._metrics.add(key, raw, logs)
+                pending.append((key, perf_counter(), raw))
+            if len(pending) >= self._pipe.block:
+                self._pipe.wake()
+            if logs is not None and self.add_to_logs and phase == "train":
+                self._metrics.add(key, raw, logs)
         except Exception as e:
             self._fault("on_batch_end", e)
 
@@ -316,15 +302,8 @@ class MemWatch(keras.callbacks.Callback):
             logger.warning("MemWatch %s failed (%r); training goes on", where,
                            error, exc_info=True)
 
-    def _flush(self) -> None:
-        """Hands samples held back for order to the pipeline."""
-        with self._lock:
-            for key, (time_s, raw) in self._sequence.flush():
-                self._pipe.pending.append((key, time_s, raw))
-
     def _finish(self) -> None:
         """Ends a fit: every sample recorded, on_spike called, all closed."""
-        self._flush()
         self._training = False
         self._pipe.stop()
         self._deliver()

@@ -1,9 +1,11 @@
 """From raw reads to judged, recorded and streamed rows, off the hot path.
 
 A batch hook only reads the probes and appends the raw readings to
-`pending`. Everything else happens here, a block of samples at a time, on a
-thread of its own: the readings become rows, JAX steps get their plan, the
-monitor judges, the recorder keeps and the log streams (one write a block).
+`pending`, in the order read. Everything else happens here, a block of
+samples at a time, on a thread of its own: the reads are paired with the
+batches in batch order (`Sequencer`), become rows, JAX steps get their
+plan, the monitor judges, the recorder keeps and the log streams (one write
+a block).
 That thread can run while the training thread is inside the framework
 (which releases the interpreter), and the batch hook does little beyond
 its reads.
@@ -28,6 +30,7 @@ from keras_memwatch.csvlog import CsvLog
 from keras_memwatch.events import SpikeEvent
 from keras_memwatch.recorder import Recorder
 from keras_memwatch.sampler import Sampler
+from keras_memwatch.sequencer import Sequencer
 from keras_memwatch.spikes import SpikeMonitor
 from keras_memwatch.step_plan import StepPlanner
 
@@ -68,8 +71,13 @@ class Pipeline:
         self._t0 = t0
         self._last_read = t0  # when the previous sample was read
         self._window = 0  # the first compilation that may still matter
-        #: `(key, seconds since train begin, raw read)`, appended holding `lock`.
+        #: `(key, perf_counter() at the read, raw read)` in the order read,
+        #: appended holding `lock` (the list is never replaced).
         self.pending: list[tuple[Key, float, list]] = []
+        self._sequence = Sequencer()
+        #: Announces the key of the next batch, in batch order: called on
+        #: the training thread, without a lock.
+        self.expect = self._sequence.expect
         self.events: list[SpikeEvent] = []  # new spikes, for on_spike
         self.step = 0
         self.epoch_peak: Optional[int] = None
@@ -84,21 +92,22 @@ class Pipeline:
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="keras_memwatch")
         self._thread.start()
-        atexit.register(self.drain)
+        atexit.register(self.flush)
 
     def stop(self) -> None:
-        """Stops the background drain and drains what is left."""
+        """Stops the background drain and processes what is left."""
         self._stop.set()
         self._wake.set()
-        atexit.unregister(self.drain)
+        atexit.unregister(self.flush)
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5)
-        self.drain()
+        self.flush()
 
     def wake(self) -> None:
         """Asks the thread to drain now (a block is waiting)."""
-        self._wake.set()
+        if not self._wake.is_set():
+            self._wake.set()
 
     @property
     def overdue(self) -> bool:
@@ -115,22 +124,26 @@ class Pipeline:
         """Judges, records and streams every sample handed in so far."""
         with self._drain_lock:
             with self._lock:
-                block, self.pending = self.pending, []
-            if not block:
+                arrived = self.pending[:]
+                self.pending.clear()
+            if not arrived:
                 return
+            arrive = self._sequence.arrive
             try:
+                block = [due for key, read_at, raw in arrived
+                         for due in arrive(key, (read_at, raw))]
                 self._process(block)
             except Exception as e:  # never into training; keep the rows
                 logger.warning("MemWatch could not process %d samples (%r)",
-                               len(block), e, exc_info=True)
+                               len(arrived), e, exc_info=True)
 
     def _process(self, block: list) -> None:
         lines: list[str] = []
         devices = self.sampler.devices
-        for key, time_s, raw in block:
+        for key, (read_at, raw) in block:
             phase, epoch, batch = key
             rows = self.sampler.rows(raw)
-            time_s = round(time_s, 6)
+            time_s = round(read_at - self._t0, 6)
             judged = phase == "train" and batch is not None
             plan = self.planner.take(key) if judged and self.planner else None
             step = self.step
@@ -176,10 +189,21 @@ class Pipeline:
             log.close()
             self.log = None
 
-    def end_epoch(self, epoch: int) -> None:
-        """Drains, then closes the epoch for the monitor (drift, bursts)."""
+    def flush(self) -> None:
+        """Drains, then processes the samples held back for order (their
+        keys are the last of a phase: Keras has run every hook before)."""
         with self._drain_lock:
             self.drain()
+            try:
+                self._process(self._sequence.flush())
+            except Exception as e:
+                logger.warning("MemWatch could not process samples (%r)", e,
+                               exc_info=True)
+
+    def end_epoch(self, epoch: int) -> None:
+        """Flushes, then closes the epoch for the monitor (drift, bursts)."""
+        with self._drain_lock:
+            self.flush()
             self.monitor.end_epoch(epoch)
 
     def read_now(self) -> list[dict]:
