@@ -167,7 +167,8 @@ class Sampler:
                 append(_Failure(e, failures[i]))
                 ended = perf_counter()
             else:
-                failures[i] = 0
+                if failures[i]:
+                    failures[i] = 0
                 append(readings)
             began = ended
         return out
