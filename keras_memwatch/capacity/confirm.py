@@ -7,15 +7,15 @@ rounding, fragmentation), and only a real step under the real limit tells.
 So, once the line is fitted:
 
 1. Under an allocator cap (`configure_memory(memory_limit_mb=...)`), the
-   largest batch that trains one step under the whole limit is searched
-   for with real steps: from the line's answer, down towards the answer of
+   largest batch that trains under the whole limit is searched for with
+   real steps (two per size: the second needs more): from the line's answer, down towards the answer of
    the line through the *reserved* peaks, then by bisection to 1%, at most
    `MAX_STEPS` steps. Without a cap no step is tried above the
    recommendation: a device without a cap may be shared.
 2. The recommendation under the headroom is the line's, scaled by what the
    allocator was found to need at that boundary (the boundary's free memory
-   over the line's working memory there), and it is trained for one real
-   step before it is reported; an out-of-memory error there steps it down
+   over the line's working memory there), and it is trained for real
+   before it is reported; an out-of-memory error there steps it down
    by 5% (at most `MAX_DOWN` times).
 3. On PyTorch, where `expandable_segments` is off and torch can switch it
    at run time, the boundary search is repeated with it on, upwards from
@@ -37,7 +37,7 @@ import time
 from typing import Any, Callable, Optional
 
 from keras_memwatch import columns as C
-from keras_memwatch.capacity.allocator import TorchCache, read_settings
+from keras_memwatch.capacity.allocator import STEPS_PER_SIZE, TorchCache, read_settings
 from keras_memwatch.capacity.batches import Batches
 from keras_memwatch.capacity.meter import Meter
 from keras_memwatch.capacity.result import LIMIT_ALLOCATOR, CapacityEstimate, Trial
@@ -46,7 +46,7 @@ from keras_memwatch.units import format_bytes
 
 logger = logging.getLogger("keras_memwatch")
 
-MAX_STEPS = 8  # real steps of the boundary search
+MAX_STEPS = 8  # sizes tried by the boundary search
 MAX_DOWN = 4  # steps down from a recommendation that ran out of memory
 MAX_EXPANDABLE = 4  # real steps with expandable_segments on
 RESOLUTION = 0.01
@@ -142,7 +142,8 @@ def scaled_recommendation(estimate: CapacityEstimate, boundary: Optional[int],
 
 
 class RealSteps:
-    """Trains single real steps, catching out-of-memory errors.
+    """Trains real steps, `STEPS_PER_SIZE` per size, catching out-of-memory
+    errors.
 
     Args:
         model: the model measured.
@@ -169,7 +170,8 @@ class RealSteps:
             gc.collect()
 
     def run(self, size: int, purpose: str) -> bool:
-        """Trains one step of `size`; whether it ran (not out of memory)."""
+        """Trains `STEPS_PER_SIZE` steps of `size` from a freed cache; whether
+        they ran (not out of memory)."""
         batch = self.data.take(size)
         self._free()
         if self.cache is not None:
@@ -178,7 +180,8 @@ class RealSteps:
         began = time.perf_counter()
         error = ""
         try:
-            self.model.train_on_batch(batch[0], batch[1])
+            for _ in range(STEPS_PER_SIZE):
+                self.model.train_on_batch(batch[0], batch[1])
             self.meter.sync()
             ran = True
         except Exception as e:
@@ -230,7 +233,7 @@ def confirm_by_training(estimate: CapacityEstimate, model: Any, data: Batches,
             last), or `None`: no search starts at or above it.
 
     Returns:
-        The estimate with `predicted_batch_size` (trained for one step),
+        The estimate with `predicted_batch_size` (trained for real),
         `ceiling_batch_size` (under a cap), `trials`, the allocator's
         settings and the gain of `expandable_segments` where measured.
     """
@@ -278,7 +281,7 @@ def confirm_by_training(estimate: CapacityEstimate, model: Any, data: Batches,
 
 
 def _train_recommendation(steps: RealSteps, start: int) -> Optional[int]:
-    """Trains one step at `start`, stepping down 5% on out-of-memory."""
+    """Trains at `start`, stepping down 5% on out-of-memory."""
     size = start
     for _ in range(MAX_DOWN + 1):
         if size < 1:
@@ -367,7 +370,7 @@ def _confirm_text(estimate: CapacityEstimate, trials: list[Trial], capped: bool,
                     f" ({trial.reserved_peak_bytes / estimate.limit_bytes:.0%} of "
                     "the limit)")
         parts.append(f"Recommended batch {recommended} (under {estimate.headroom:.0%} "
-                     f"headroom) trained one real step{held}.")
+                     f"headroom) trained {STEPS_PER_SIZE} real steps{held}.")
     if settings is not None:
         parts.append(f"Allocator: {settings.text()}.")
     if expandable is not None and boundary:

@@ -28,14 +28,16 @@ class SimulatedGpu(Probe):
     A step whose reserved need, `in_use + overhead x (static + per_sample x
     batch)` (the caching allocator's rounding and fragmentation), exceeds
     the limit runs out of memory; with `expandable` on, the overhead is
-    `expandable_overhead`.
+    `expandable_overhead`. Steps after the first since the cache was freed
+    need `later_overhead` times more (the caching allocator's fragmentation).
     """
 
     columns = (C.ALLOCATOR_CURRENT, C.ALLOCATOR_PEAK, C.ALLOCATOR_LIMIT)
 
     def __init__(self, name, per_step=True, in_use=GIB, static=64 * MIB,
                  per_sample=10 * MIB, limit=16 * GIB, first_step_extra=0,
-                 overhead=1.0, expandable_overhead=None, oom_at=None):
+                 overhead=1.0, expandable_overhead=None, oom_at=None,
+                 later_overhead=1.0):
         self.name = name
         self.peak_per_sample = per_step
         self.in_use, self.static, self.per_sample = in_use, static, per_sample
@@ -43,6 +45,8 @@ class SimulatedGpu(Probe):
         self.overhead = overhead
         self.expandable_overhead = expandable_overhead
         self.expandable = False
+        self.later_overhead = later_overhead
+        self.steps_since_free = 0
         self.oom_at = limit if oom_at is None else oom_at  # None: never
         self.pending = None  # the peak of steps since the last read
         self.high_water = in_use
@@ -56,9 +60,12 @@ class SimulatedGpu(Probe):
     def reserved_need(self, batch):
         overhead = (self.expandable_overhead if self.expandable
                     and self.expandable_overhead is not None else self.overhead)
+        if self.steps_since_free > 1:
+            overhead *= self.later_overhead
         return self.in_use + overhead * self.working(batch)
 
     def step(self, batch):
+        self.steps_since_free += 1
         reserved = self.reserved_need(batch)
         if self.oom_at is not None and reserved > self.oom_at:
             self.ooms.append(batch)
@@ -108,6 +115,7 @@ class FakeCache:
 
     def free(self):
         self.calls.append("free")
+        self.gpu.steps_since_free = 0
 
     def sync(self):
         pass

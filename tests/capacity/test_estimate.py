@@ -34,19 +34,20 @@ def test_prediction_from_simulated_gpu_readings(simulated):
     assert estimate.batch_size_for(0.0) == int((15 * GIB - 64 * MIB) // (10 * MIB))
     assert "GPU allocator limit" in estimate.explanation
     assert f"Largest batch {expected}" in estimate.explanation
-    # two steps per size, then the confirmation on the device: the largest
-    # batch under the whole limit (1529 ran, 1545 and 1537 did not), and one
-    # real step at the answer
+    # two steps per size, then the confirmation on the device, two steps a
+    # size: the largest batch under the whole limit (1529 ran, 1545 and 1537
+    # did not), and the answer
     ceiling = int((15 * GIB - 64 * MIB) // (10 * MIB))
-    assert gpu.batches == [2, 2, 4, 4, 8, 8, 16, 16, ceiling, expected]
+    assert gpu.batches == [2, 2, 4, 4, 8, 8, 16, 16, ceiling, ceiling, expected,
+                           expected]
     assert gpu.ooms == [1545, 1537]
     assert estimate.ceiling_batch_size == ceiling
     assert [(t.batch_size, t.ran, t.purpose) for t in estimate.trials] == [
         (ceiling, True, "boundary"), (1545, False, "boundary"),
         (1537, False, "boundary"), (expected, True, "recommended")]
     assert f"batch {ceiling} ran, 1537 ran out of memory" in estimate.explanation
-    assert (f"Recommended batch {expected} (under 10% headroom) trained one real "
-            "step" in estimate.explanation)
+    assert (f"Recommended batch {expected} (under 10% headroom) trained 2 real "
+            "steps" in estimate.explanation)
     assert estimate.seconds > 0
 
 

@@ -60,7 +60,7 @@ def test_out_of_memory_in_the_ladder_stops_it_and_the_model_is_kept(simulated):
     # what that showed trains.
     assert estimate.ceiling_batch_size == 31
     assert 0 < estimate.predicted_batch_size < 31
-    assert gpu.batches[-2:] == [31, estimate.predicted_batch_size]
+    assert gpu.batches[-4:] == [31, 31] + [estimate.predicted_batch_size] * 2
     assert "batch 31 ran, 32 ran out of memory" in estimate.explanation
     for v, saved in zip(model.variables, before):
         np.testing.assert_array_equal(v.numpy(), saved)
