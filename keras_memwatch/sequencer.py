@@ -35,10 +35,8 @@ class Sequencer:
         self._expected: collections.deque = collections.deque()
         self._arrived: set[Key] = set()  # keys whose batch came out of turn
         self._reads: collections.deque = collections.deque()
-
-    def expect(self, key: Key) -> None:
-        """Announces the next key; needs no lock (one atomic append)."""
-        self._expected.append(key)
+        #: Announces the next key; needs no lock (one atomic append).
+        self.expect = self._expected.append
 
     def arrive(self, key: Key, read: Any) -> list[tuple[Key, Any]]:
         """Hands in the read taken for `key`; returns the pairs now due.
