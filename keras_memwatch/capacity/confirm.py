@@ -193,13 +193,12 @@ class RealSteps:
         del batch
         allocated: Optional[int] = None
         reserved: Optional[int] = None
-        if ran:
+        if ran and self.cache is not None:
+            allocated, reserved = self.cache.peaks()  # before a probe resets them
+        elif ran:
             row = self.meter.read()
             allocated = row.get(self.meter.peak_column)
-            if self.cache is not None:
-                allocated, reserved = self.cache.peaks()
-            else:
-                reserved = row.get(C.ALLOCATOR_RESERVED)
+            reserved = row.get(C.ALLOCATOR_RESERVED)
         else:
             self._free()
         trial = Trial(batch_size=size, ran=ran, purpose=purpose,

@@ -176,7 +176,8 @@ def _climb_xla(model: Any, data: Batches, meter: Meter,
     if not queue:
         return ladder
     planner = xla_compile.Planner(model, data.take(1), progress)
-    for size, working in planner.plans(queue).items():
+    # The line only aims the searches: on a GPU, without autotuning.
+    for size, working in planner.plans(queue, aim=True).items():
         if isinstance(working, Exception):
             if not is_oom_error(working):
                 raise working

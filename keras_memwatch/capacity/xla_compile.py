@@ -32,13 +32,13 @@ logger = logging.getLogger("keras_memwatch")
 
 #: Compiler options of the compilations that only aim a search, on a GPU.
 AIM_OPTIONS: dict[str, Any] = {"xla_gpu_autotune_level": 0}
-MAX_WORKERS = 4
+MAX_WORKERS = 8
 MAX_SIZE = 2**31
 
 
 def workers() -> int:
-    """How many compilations run side by side: a quarter of the CPUs, 1 to 4."""
-    return max(1, min(MAX_WORKERS, (os.cpu_count() or 1) // 4))
+    """How many compilations run side by side: half the CPUs, 1 to 8."""
+    return max(1, min(MAX_WORKERS, (os.cpu_count() or 1) // 2))
 
 
 def _state(model: Any) -> list[list[Any]]:

@@ -45,7 +45,7 @@ def test_jax_on_a_gpu_uses_the_xla_plan_and_checks_its_answer(simulated, monkeyp
     assert estimate.predicted_batch_size == line
     assert estimate.ceiling_batch_size == ceiling == estimate.batch_size_for(0.0)
     assert plans == [2, 4, 8, line, line + line // 100, ceiling,
-                     ceiling + ceiling // 100]
+                     ceiling + ceiling * 3 // 100]  # the ceiling is told to 3%
     assert [b for b, _ in estimate.checked] == plans[3:]
     assert "checked by compiling the step" in estimate.explanation
     assert f"Without headroom, up to batch {ceiling} fits" in estimate.explanation
@@ -72,7 +72,7 @@ def test_where_xla_recomputes_activations_more_fits_than_the_line_says(
     # With headroom, the line's answer stands: its plan is what the line says.
     assert estimate.predicted_batch_size == int((room - 100 * MIB) // (5 * MIB))
     ceiling = estimate.ceiling_batch_size
-    assert cliff * 0.99 <= ceiling <= cliff
+    assert cliff * 0.97 <= ceiling <= cliff
     need = dict(estimate.checked)
     assert need[ceiling] <= full
     assert all(need[b] > full for b in need if b > ceiling)
