@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from capacity_helpers import GIB, MIB
 from keras_memwatch.capacity import CapacityEstimate
 from keras_memwatch.capacity.result import LIMIT_ALLOCATOR
@@ -63,14 +65,20 @@ def test_searched_without_autotuning_and_the_answer_compiled_once_as_fit_does():
     assert "planned without autotuning, to 3%" in checked.explanation
 
 
-def test_where_autotuning_changes_the_plan_the_answer_is_searched_as_fit_compiles():
+@pytest.mark.parametrize("scale", [1.06, 0.97])
+def test_where_autotuning_changes_the_plan_the_answer_is_aimed_again(scale):
+    # Re-aimed by the ratio of the two plans, then searched two autotuned
+    # compilations at a time (autotuning runs on the device one at a time).
     estimate, line = line_estimate()
-    planner = FakePlanner(scale=1.03)
+    planner = FakePlanner(scale=scale)
     checked = check_compiled(estimate, None, None, lambda s: None, planner)
-    truth = max(b for b in range(line + 1)
-                if plan(b, scale=1.03) <= 8 * GIB * 0.9)
+    truth = max(b for b in range(2 * line)
+                if plan(b, scale=scale) <= 8 * GIB * 0.9)
     assert truth * 0.99 <= checked.predicted_batch_size <= truth
     assert dict(checked.checked)[checked.predicted_batch_size] <= 8 * GIB * 0.9
+    default_rounds = [sizes for aim, sizes in planner.rounds if not aim]
+    assert default_rounds[0] == [line] and len(default_rounds) <= 3
+    assert all(len(sizes) <= 2 for sizes in default_rounds)
 
 
 def test_without_aiming_the_same_answers_in_default_compilations():
