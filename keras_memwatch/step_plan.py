@@ -92,24 +92,41 @@ class StepPlanner:
 
         def signature(data: Any) -> tuple:
             """Shapes and dtypes of a batch's arrays: what XLA compiles for."""
-            return tuple((leaf.shape, leaf.dtype) for leaf in leaves(data))
+            return tuple([(leaf.shape, leaf.dtype) for leaf in leaves(data)])
+
+        def plan_new(state: Any, iterator: Iterator, batches: list,
+                     signatures: list) -> Any:
+            """A call in which XLA compiles a new input shape."""
+            began = time.perf_counter()
+            logs, state = original(state, iterator)
+            self._plan_new(jitted, state, batches, signatures)
+            self.compilations.append((began, time.perf_counter()))
+            return logs, state
 
         # On the training thread every step: a dictionary look-up when the
         # batch's signature is known, the plan read only when it is new.
         def train_function(state: Any, iterator: Iterator) -> Any:
-            batches = [next(iterator)] if spe == 1 else _draw(iterator, spe)
+            if spe == 1:
+                data = next(iterator)
+                sig = signature(data)
+                if sig not in plans:
+                    logs, state = plan_new(state, iter((data,)), [data], [sig])
+                else:
+                    logs, state = original(state, iter((data,)))
+                plan = plans[sig]
+                if plan is not None:
+                    by_key[self._key] = plan
+                return logs, state
+            batches = _draw(iterator, spe)
             signatures = [signature(data) for data in batches]
             if all(sig in plans for sig in signatures):
                 logs, state = original(state, iter(batches))
-            else:  # XLA compiles a new input shape in this call
-                began = time.perf_counter()
-                logs, state = original(state, iter(batches))
-                self._plan_new(jitted, state, batches, signatures)
-                self.compilations.append((began, time.perf_counter()))
+            else:
+                logs, state = plan_new(state, iter(batches), batches, signatures)
             known = [plans[sig] for sig in signatures]
-            if None not in known:
+            if known and None not in known:
                 # Steps of one execution run one after another: the largest counts.
-                by_key[self._key] = max(known, key=_total) if spe > 1 else known[0]
+                by_key[self._key] = max(known, key=_total)
             return logs, state
 
         setattr(train_function, _WRAPPED, original)
