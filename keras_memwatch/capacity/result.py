@@ -101,9 +101,11 @@ class CapacityEstimate:
             headroom), where it was searched: on JAX (method `"xla"`) the
             largest whose compiled step fits (XLA fits a step it would
             otherwise not by recomputing activations, so this can be well
-            above what the line says, with slower steps); on a GPU measured
-            by the probes under an allocator cap, the largest batch that
-            trained a real step.
+            above what the line says, with slower steps), on a GPU to 3%
+            from plans compiled without autotuning, which near XLA's limit
+            may plan up to 10% less than `fit`'s compilation (an H200); on a
+            GPU measured by the probes under an allocator cap, the largest
+            batch that trained two real steps.
         checked: `(batch_size, working_bytes)` of XLA's compiled plan at
             each size checked after the fit (method `"xla"`), in order.
         reserved_measurements: PyTorch on a GPU: `(batch_size,
@@ -263,7 +265,7 @@ class CapacityEstimate:
                          f"{extra}{mark}")
         if self.ceiling_batch_size is not None:
             how = ("XLA's compiled plan" if self.method == "xla" else
-                   "the largest batch that trained a real step")
+                   "the largest batch that trained for real in this process")
             lines.append(f"  ceiling:    batch {self.ceiling_batch_size} without "
                          f"headroom ({how})")
         if self.trials:
