@@ -129,9 +129,12 @@ class CsvLog:
         head = f"{step},{epoch},{'' if batch is None else batch},{phase},"
         lines = []
         for device, row in zip(devices, rows):
-            before = ",".join([_cell(row.get(name)) for name in _BEFORE_SPIKE])
-            after = ",".join([_cell(row.get(name)) for name in _AFTER_SPIKE])
-            spike = "1" if row.get("spike") else "0"
+            get = row.get
+            before = ",".join(["" if (v := get(name)) is None else str(v)
+                               for name in _BEFORE_SPIKE])
+            after = ",".join(["" if (v := get(name)) is None else str(v)
+                              for name in _AFTER_SPIKE])
+            spike = "1" if get("spike") else "0"
             lines.append(f"{head}{device},{time_s:.6f},{before},{spike},{after}"
                          f"{self._tail}")
         return "".join(lines)
@@ -152,10 +155,6 @@ class CsvLog:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-
-
-def _cell(value: Optional[int]) -> str:
-    return "" if value is None else str(value)
 
 
 def numbered(path: PathLike) -> Iterable[str]:
