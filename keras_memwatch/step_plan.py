@@ -90,9 +90,14 @@ class StepPlanner:
         spe = max(int(getattr(model, "steps_per_execution", 1) or 1), 1)
         leaves = jax.tree_util.tree_leaves
 
-        def signature(data: Any) -> tuple:
-            """Shapes and dtypes of a batch's arrays: what XLA compiles for."""
-            return tuple([(leaf.shape, leaf.dtype) for leaf in leaves(data)])
+        def signature(data: Any) -> Optional[tuple]:
+            """Shapes and dtypes of a batch's arrays: what XLA compiles for
+            (None, with one warning, where they cannot be read)."""
+            try:
+                return tuple([(leaf.shape, leaf.dtype) for leaf in leaves(data)])
+            except Exception as e:  # never into training
+                self._warn(e)
+                return None
 
         def plan_new(state: Any, iterator: Iterator, batches: list,
                      signatures: list) -> Any:
@@ -109,6 +114,8 @@ class StepPlanner:
             if spe == 1:
                 data = next(iterator)
                 sig = signature(data)
+                if sig is None:
+                    return original(state, iter((data,)))
                 if sig not in plans:
                     logs, state = plan_new(state, iter((data,)), [data], [sig])
                 else:
@@ -119,6 +126,8 @@ class StepPlanner:
                 return logs, state
             batches = _draw(iterator, spe)
             signatures = [signature(data) for data in batches]
+            if None in signatures:
+                return original(state, iter(batches))
             if all(sig in plans for sig in signatures):
                 logs, state = original(state, iter(batches))
             else:

@@ -123,3 +123,17 @@ def test_an_execution_of_several_steps_carries_its_largest_plan():
     large = [b for b in plans.index if (b + 1) % EVERY == 0]
     assert plans[large].nunique() == 1 and plans.drop(large).nunique() == 1
     assert plans[large].iloc[0] > 8 * plans.drop(large).iloc[0]
+
+
+def test_a_batch_whose_shapes_cannot_be_read_trains_without_a_plan(memwatch_logs,
+                                                                   monkeypatch):
+    def broken(data):
+        raise TypeError("no leaves here")
+
+    monkeypatch.setattr("jax.tree_util.tree_leaves", broken)
+    model = convnet()
+    watch = MemWatch(verbose=0)
+    model.fit(Oversized(), epochs=1, callbacks=[watch], verbose=0)
+    assert len(watch.to_dataframe()) == BATCHES + 1  # trained, no row lost
+    assert watch.to_dataframe()["plan_bytes"].isna().all()
+    assert memwatch_logs.text.count("could not be read") == 1
