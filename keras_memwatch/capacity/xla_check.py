@@ -12,12 +12,14 @@ To be quick, the searches share rounds of compilations run side by side
 compilation at a time (an H200, a transformer: 13 s alone, 43 s for four
 side by side), both searches compile without autotuning (eight side by side
 in 12 s), and only the answer is compiled as `fit` compiles it, once when
-the two plans agree (so `fit` at the answer finds it in JAX's cache). The
-ceiling without headroom is told to 3%, from plans without autotuning.
+the two plans agree (so `fit` at the answer finds it in JAX's cache), while
+the ceiling is searched. The ceiling without headroom is told to 3%, from
+plans without autotuning.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import math
@@ -32,7 +34,7 @@ from keras_memwatch.units import format_bytes
 logger = logging.getLogger("keras_memwatch")
 
 MAX_CHECKS = 10  # compilations of XLA's plan after the fit, per search
-MAX_AIM = 24  # compilations without autotuning, for both searches (GPU)
+MAX_AIM = 24  # compilations without autotuning, per search (GPU)
 CEILING_RESOLUTION = 0.03  # the ceiling without headroom is told to 3%
 AGREE = 0.01  # autotuned and aimed plans that agree this well are one
 AUTOTUNED_WIDTH = 2  # autotuned compilations a round (GPU)
@@ -76,10 +78,18 @@ def check_compiled(estimate: CapacityEstimate, model: Any, sample: tuple[Any, An
                                  resolution=CEILING_RESOLUTION)
     try:
         if accelerator:
-            xla_compile.search([answer, ceiling],
-                               lambda sizes: planner.plans(sizes, aim=True), aimed,
-                               MAX_AIM, planner.parallel)
-            answer = _as_fit_compiles(planner, answer, aimed, need, room)
+            def aim(sizes: list[int]) -> dict[int, Any]:
+                return planner.plans(sizes, aim=True)
+
+            xla_compile.search([answer], aim, aimed, MAX_AIM, planner.parallel)
+            # The answer is checked as fit compiles it (autotuning, on the
+            # device) while the ceiling is searched without (on the CPU).
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                checking = pool.submit(_as_fit_compiles, planner, answer,
+                                       dict(aimed), need, room)
+                xla_compile.search([ceiling], aim, aimed, MAX_AIM,
+                                   planner.parallel)
+                answer = checking.result()
         else:
             xla_compile.search([answer, ceiling], planner.plans, need,
                                2 * MAX_CHECKS, planner.parallel)

@@ -21,6 +21,7 @@ import concurrent.futures
 import logging
 import math
 import os
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
@@ -74,6 +75,9 @@ class Planner:
         self.parallel = workers() if parallel is None else max(1, parallel)
         self.compilations = 0
         self.aim_compilations = 0
+        # Two searches may compile at once (see `xla_check`).
+        self._counting = threading.Lock()
+        self._tracing = threading.Lock()
         self.began = time.perf_counter()
         self.aim_options: Optional[dict[str, Any]] = None
         try:
@@ -106,11 +110,12 @@ class Planner:
         options = self.aim_options if aim else None
         out: dict[int, Any] = {}
         lowered: dict[int, tuple[Any, int, int]] = {}
-        for size in sizes:
-            try:
-                lowered[size] = self._lower(size)
-            except Exception as e:
-                out[size] = e
+        with self._tracing:  # tracing runs Keras's Python: one at a time
+            for size in sizes:
+                try:
+                    lowered[size] = self._lower(size)
+                except Exception as e:
+                    out[size] = e
         jobs = list(lowered)
         if self.parallel > 1 and len(jobs) > 1:
             with concurrent.futures.ThreadPoolExecutor(
@@ -146,13 +151,15 @@ class Planner:
     def _count(self, size: int, result: Any, aim: bool) -> None:
         from keras_memwatch.units import format_bytes
 
-        self.compilations += 1
-        self.aim_compilations += int(aim)
+        with self._counting:
+            self.compilations += 1
+            self.aim_compilations += int(aim)
+            count = self.compilations
         what = (f"failed ({type(result).__name__})" if isinstance(result, Exception)
                 else format_bytes(result))
         self.progress(f"estimate_max_batch_size: compiled the step for batch {size}"
                       + (" (aiming, without autotuning)" if aim else "")
-                      + f": {what} [{self.compilations} compilations, "
+                      + f": {what} [{count} compilations, "
                       f"{time.perf_counter() - self.began:.0f} s]")
 
 
