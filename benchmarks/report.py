@@ -315,6 +315,17 @@ def targets(results: dict) -> list[dict[str, Any]]:
                         "where": f"{backend} {_device(e)} {model}",
                         "figure": r["median"], "met": r["median"] <= limit,
                         "noisy": noisy, "note": note})
+            if e.get("gpu"):
+                # Issue 14's: against the arm doing the same reads (JAX) or
+                # Keras's own dispatch of a callback (PyTorch), round by round.
+                floor = "reads" if backend == "jax" else "noop"
+                paired = _paired(o["arms"], "memwatch", floor)
+                if paired is not None:
+                    out.append({"target": f"MemWatch / {floor} arm <= 1.02",
+                                "where": f"{backend} {_device(e)} {model}",
+                                "figure": paired, "met": paired <= 1.02,
+                                "note": "median over rounds of the ratio "
+                                        "within each round"})
         h = e.get("hook")
         if h:
             out.append({"target": "hook <= 1.5x minimal",
@@ -336,6 +347,16 @@ def targets(results: dict) -> list[dict[str, Any]]:
         out.append({"target": "detector update < 5 us", "where": "window=1000",
                     "figure": d, "met": d < 5.0, "note": ""})
     return out
+
+
+def _paired(arms: dict, arm: str, floor: str) -> Optional[float]:
+    """The median over rounds of `arm`'s step time over `floor`'s."""
+    import statistics
+
+    a, b = arms.get(arm, {}).get("ratios"), arms.get(floor, {}).get("ratios")
+    if not a or not b or len(a) != len(b):
+        return None
+    return statistics.median(x / y for x, y in zip(a, b))
 
 
 def _verdict(x: dict) -> str:
