@@ -10,7 +10,8 @@ That pairing is the truthful one. A hook runs once its step has finished;
 when the hook of batch 6 reads before that of batch 5, both steps are over
 at that first read, so it holds what batch 5 left (a peak since the
 previous read included), and the second read what came after. Reads are
-never reordered, only named.
+never reordered, only named. A batch whose hook never runs holds the later
+ones back until `flush` (MemWatch flushes at each epoch's end).
 """
 
 from __future__ import annotations
