@@ -8,10 +8,11 @@ So, once the line is fitted:
 
 1. Under an allocator cap (`configure_memory(memory_limit_mb=...)`), the
    largest batch that trains under the whole limit is searched for with
-   real steps (two per size: the second needs more): from the line's answer, down towards the answer of
-   the line through the *reserved* peaks, then by bisection to 1%, at most
-   `MAX_STEPS` steps. Without a cap no step is tried above the
-   recommendation: a device without a cap may be shared.
+   real steps (two per size: the second needs more): from the line's
+   answer, down towards the answer of the line through the *reserved*
+   peaks, then by bisection to 1%, at most `MAX_STEPS` sizes. Without a
+   cap no step is tried above the recommendation: a device without a cap
+   may be shared.
 2. The recommendation under the headroom is the line's, scaled by what the
    allocator was found to need at that boundary (the boundary's free memory
    over the line's working memory there), and it is trained for real
