@@ -47,12 +47,9 @@ class LogsMetrics:
             before = self._last_current
             peak = None if plan is None or before is None else before + plan.working_bytes
         self._last_current = current
-        if current is not None:
-            logs["mem_current_mib"] = current / MIB
-            if peak is not None:
-                logs["mem_peak_mib"] = (peak if peak > current else current) / MIB
-        elif peak is not None:
-            logs["mem_peak_mib"] = peak / MIB
+        if peak is not None and current is not None and peak < current:
+            peak = current
+        add_metrics(logs, peak, current)
 
 
 def add_metrics(logs: dict, peak: Optional[int], current: Optional[int]) -> None:
