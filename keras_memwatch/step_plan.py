@@ -99,39 +99,20 @@ class StepPlanner:
                 self._warn(e)
                 return None
 
-        def plan_new(state: Any, iterator: Iterator, batches: list,
-                     signatures: list) -> Any:
-            """A call in which XLA compiles a new input shape."""
-            began = time.perf_counter()
-            logs, state = original(state, iterator)
-            self._plan_new(jitted, state, batches, signatures)
-            self.compilations.append((began, time.perf_counter()))
-            return logs, state
-
         # On the training thread every step: a dictionary look-up when the
         # batch's signature is known, the plan read only when it is new.
         def train_function(state: Any, iterator: Iterator) -> Any:
-            if spe == 1:
-                data = next(iterator)
-                sig = signature(data)
-                if sig is None:
-                    return original(state, iter((data,)))
-                if sig not in plans:
-                    logs, state = plan_new(state, iter((data,)), [data], [sig])
-                else:
-                    logs, state = original(state, iter((data,)))
-                plan = plans[sig]
-                if plan is not None:
-                    by_key[self._key] = plan
-                return logs, state
-            batches = _draw(iterator, spe)
+            batches = [next(iterator)] if spe == 1 else _draw(iterator, spe)
             signatures = [signature(data) for data in batches]
             if None in signatures:
                 return original(state, iter(batches))
             if all(sig in plans for sig in signatures):
                 logs, state = original(state, iter(batches))
-            else:
-                logs, state = plan_new(state, iter(batches), batches, signatures)
+            else:  # XLA compiles a new input shape in this call
+                began = time.perf_counter()
+                logs, state = original(state, iter(batches))
+                self._plan_new(jitted, state, batches, signatures)
+                self.compilations.append((began, time.perf_counter()))
             known = [plans[sig] for sig in signatures]
             if known and None not in known:
                 # Steps of one execution run one after another: the largest counts.
