@@ -28,7 +28,6 @@ from typing import Any, Callable, Optional
 
 from keras_memwatch.capacity import xla_compile
 from keras_memwatch.capacity.result import CapacityEstimate
-from keras_memwatch.oom import is_oom_error
 from keras_memwatch.units import format_bytes
 
 logger = logging.getLogger("keras_memwatch")
@@ -136,7 +135,7 @@ def _as_fit_compiles(planner: xla_compile.Planner, aimed_answer: xla_compile.Tar
     lo = aimed_answer.lo
     if lo is None:
         return aimed_answer
-    got = _compiled(planner, [lo], need)[lo]
+    got = xla_compile.record(planner.plans([lo]), need)[lo]
     if got <= room and abs(got - aimed[lo]) <= AGREE * aimed[lo]:
         confirmed = xla_compile.Target(room, lo)
         confirmed.lo, confirmed.hi = lo, aimed_answer.hi
@@ -147,23 +146,11 @@ def _as_fit_compiles(planner: xla_compile.Planner, aimed_answer: xla_compile.Tar
         reaim.update(aimed)
         start = reaim.interpolate() or lo
     confirmed = xla_compile.Target(room, max(start, 1))
-    _compiled(planner, [confirmed.start, confirmed.start + confirmed.step(start)], need)
-    xla_compile.search([confirmed], lambda sizes: _compiled(planner, sizes, need),
-                       need, MAX_CHECKS - 3, AUTOTUNED_WIDTH)
+    xla_compile.record(
+        planner.plans([confirmed.start, confirmed.start + confirmed.step(start)]), need)
+    xla_compile.search([confirmed], planner.plans, need, MAX_CHECKS - 3,
+                       AUTOTUNED_WIDTH)
     return confirmed
-
-
-def _compiled(planner: xla_compile.Planner, sizes: list[int],
-              need: dict[int, float]) -> dict[int, float]:
-    """Plans as `fit` compiles them (a failure out of memory: infinite)."""
-    out = {}
-    for size, got in planner.plans(sizes).items():
-        if isinstance(got, Exception):
-            if not is_oom_error(got):
-                raise got
-            got = math.inf
-        out[size] = need[size] = got
-    return out
 
 
 def _checked(need: dict[int, float]) -> tuple[tuple[int, int], ...]:

@@ -310,6 +310,18 @@ class Target:
         return sorted({lo + max(1, (hi - lo) * i // (n + 1)) for i in range(1, n + 1)})
 
 
+def record(plans: dict[int, Any], need: dict[int, float]) -> dict[int, float]:
+    """Puts compiled plans into `need`; one that failed out of memory needs
+    more than any device (infinite), any other failure is raised."""
+    for size, value in plans.items():
+        if isinstance(value, Exception):
+            if not is_oom_error(value):
+                raise value
+            value = math.inf
+        need[size] = value
+    return {size: need[size] for size in plans}
+
+
 def search(targets: Sequence[Target], plans: Callable[[list[int]], dict[int, Any]],
            need: dict[int, float], max_compilations: int, width: int) -> int:
     """Rounds of compilations until every target is done or the budget ends.
@@ -349,13 +361,7 @@ def search(targets: Sequence[Target], plans: Callable[[list[int]], dict[int, Any
                     sizes.append(b)
         if not sizes:
             break
-        for size, value in plans(sizes).items():
-            made += 1
-            if isinstance(value, Exception):
-                if not is_oom_error(value):
-                    raise value
-                value = math.inf
-            need[size] = value
+        made += len(record(plans(sizes), need))
         for t in targets:
             t.update(need)
     return made
