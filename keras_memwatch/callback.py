@@ -191,7 +191,7 @@ class MemWatch(keras.callbacks.Callback):
             devices, self.window, self.threshold, self.min_delta_mb,
             self.warmup, alert=self.verbose > 0, planned=planned,
             per_step_peak=self._sampler.per_step_peak,
-            peak_columns=self._sampler.peak_columns,
+            peak_at=self._sampler.peak_at,
             where=(f"process {self.process} on {self.hostname}: "
                    if self.process_count > 1 else ""))
         log = None

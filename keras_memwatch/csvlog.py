@@ -20,6 +20,7 @@ it. `load_log` reads one log, several, or a glob of them, into one frame.
 from __future__ import annotations
 
 import errno
+import functools
 import glob
 import io
 import logging
@@ -28,9 +29,11 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Optional, Union
 
+import numpy as np
 import pandas as pd
 
 from keras_memwatch import columns as C
+from keras_memwatch.block import MISSING, Block
 from keras_memwatch.recorder import empty_frame, normalize_dtypes
 
 logger = logging.getLogger("keras_memwatch")
@@ -55,9 +58,17 @@ REQUIRED_COLUMNS: tuple[str, ...] = (
 LOG_COLUMN = "log"
 
 _HEADER = (",".join(C.COLUMNS) + "\n").encode()
-_BEFORE_SPIKE = C.COLUMNS[C.COLUMNS.index("time_s") + 1:C.COLUMNS.index("spike")]
-_AFTER_SPIKE = C.COLUMNS[C.COLUMNS.index("spike") + 1:-len(C.PROCESS_COLUMNS)]
+_BYTES_FIELDS = C.COLUMNS[C.COLUMNS.index("time_s") + 1:-len(C.PROCESS_COLUMNS)]
 _PARQUET_MAGIC = b"PAR1"
+
+
+@functools.lru_cache(maxsize=None)
+def _present(names: tuple[str, ...]) -> tuple[list[int], list[int]]:
+    """The table columns of the fields a device's lines write before the
+    spike flag and after it; its other fields are always empty."""
+    spike = _BYTES_FIELDS.index("spike")
+    return ([names.index(n) for n in _BYTES_FIELDS[:spike] if n in names],
+            [names.index(n) for n in _BYTES_FIELDS[spike + 1:] if n in names])
 
 
 class NotALogError(ValueError):
@@ -80,6 +91,7 @@ class CsvLog:
     def __init__(self, path: PathLike, process: int = 0, hostname: str = ""):
         self.path = os.fspath(path)
         self._tail = f",{process},{hostname}\n"
+        self._lines: dict[tuple, list[str]] = {}  # devices -> per phase
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
         self._fd: Optional[int] = os.open(self.path, flags, 0o644)
         self._write(_HEADER)
@@ -115,29 +127,52 @@ class CsvLog:
             f"no free name among {os.fspath(path)} and its first {MAX_NAMES} "
             "numbered variants")
 
-    def format(
-        self,
-        step: int,
-        epoch: int,
-        batch: Optional[int],
-        phase: str,
-        time_s: float,
-        devices: Sequence[str],
-        rows: Sequence[dict[str, Optional[int]]],
-    ) -> str:
-        """The lines of one sample (one a device), for `write_text`."""
-        head = f"{step},{epoch},{'' if batch is None else batch},{phase},"
+    def format(self, block: Block, devices: Sequence[str],
+               columns: Sequence[Sequence[str]]) -> str:
+        """The lines of a block of samples (one a device), for `write_text`.
+
+        Args:
+            block: the samples.
+            devices: the block's devices, in table order.
+            columns: the columns of each device's table.
+        """
+        n = len(block)
+        if not n:
+            return ""
+        seconds, micro = np.divmod(np.rint(block.time_s * 1e6).astype(np.int64),
+                                   1_000_000)
+        head = np.column_stack([block.step, block.epoch, block.batch, seconds, micro])
+        numbers = []
+        for table, spikes, names in zip(block.tables, block.spikes, columns):
+            before, after = _present(tuple(names))
+            numbers += [head, table[:, before], spikes[:, None], table[:, after]]
+        key = (tuple(devices), tuple(map(tuple, columns)))
+        lines = self._lines.get(key) or self._templates(key)
+        phases = block.phase
+        if (phases == phases[0]).all():
+            template = lines[phases[0]] * n
+        else:
+            template = "".join([lines[p] for p in phases.tolist()])
+        # Every value is a byte count, an index or a time, never negative:
+        # -1 marks a missing one, written as an empty field.
+        text = template % tuple(np.concatenate(numbers, axis=1).ravel().tolist())
+        return text.replace(",-1", ",")
+
+    def _templates(self, key: tuple) -> list[str]:
+        """The `%` templates of one sample's lines, per phase."""
+        devices, columns = key
+        tail = self._tail.replace("%", "%%")
         lines = []
-        for device, row in zip(devices, rows):
-            get = row.get
-            before = ",".join(["" if (v := get(name)) is None else str(v)
-                               for name in _BEFORE_SPIKE])
-            after = ",".join(["" if (v := get(name)) is None else str(v)
-                              for name in _AFTER_SPIKE])
-            spike = "1" if get("spike") else "0"
-            lines.append(f"{head}{device},{time_s:.6f},{before},{spike},{after}"
-                         f"{self._tail}")
-        return "".join(lines)
+        for phase in C.PHASES:
+            line = ""
+            for device, names in zip(devices, columns):
+                fields = ",".join("%d" if n == "spike" or n in names else ""
+                                  for n in _BYTES_FIELDS)
+                line += (f"%d,%d,%d,{phase},{device.replace('%', '%%')},%d.%06d,"
+                         f"{fields}{tail}")
+            lines.append(line)
+        self._lines[key] = lines
+        return lines
 
     def write_text(self, text: str) -> None:
         """Writes lines (of `format`) in one unbuffered system call."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Optional
 
+import numpy as np
 import pandas as pd
 
 from keras_memwatch import columns as C
@@ -32,9 +33,9 @@ SPIKE_COLUMNS = ("step", "epoch", "batch", "device", "peak_bytes",
                  "usual_working_bytes")
 
 
-def working_memory(peak: int, before: int) -> int:
-    """A step's working memory: its peak above the memory in use before it."""
-    return max(peak - before, 0)
+def working_memory(peak: np.ndarray, before: np.ndarray) -> np.ndarray:
+    """Steps' working memory: their peak above the memory in use before."""
+    return np.maximum(peak - before, 0)
 
 
 def in_use_before(rows: pd.DataFrame) -> pd.Series:

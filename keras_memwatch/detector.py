@@ -3,9 +3,9 @@
 `SpikeDetector` judges each sampled peak against a robust rolling baseline
 and says whether it is a spike. `DriftMonitor` watches that baseline over
 epochs and says when it grows steadily, which is what a leak looks like.
-Both are pure Python, cheap per call, and know nothing of Keras; the
-callback keeps one of each per device and serializes calls to them (they are
-not thread-safe on their own).
+Both take a value at a time or a block at once (`update_many`, in numpy),
+and know nothing of Keras; the callback keeps one of each per device and
+serializes calls to them (they are not thread-safe on their own).
 """
 
 from __future__ import annotations
@@ -13,6 +13,9 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections import deque
 from typing import Optional
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from keras_memwatch import options
 from keras_memwatch.events import DriftEvent, RiseEvent
@@ -32,6 +35,28 @@ def _median(sorted_values: list) -> float:
     if n & 1:
         return sorted_values[m]
     return (sorted_values[m - 1] + sorted_values[m]) / 2
+
+
+def _medians(values: np.ndarray, w: int) -> np.ndarray:
+    """The median of each run of `w` consecutive values (float64)."""
+    runs = as_strided(values, (len(values) - w + 1, w), values.strides * 2,
+                      writeable=False)
+    m = w >> 1
+    if w & 1:
+        return np.partition(runs, m, axis=1)[:, m]
+    middle = np.partition(runs, (m - 1, m), axis=1)
+    return (middle[:, m - 1] + middle[:, m]) / 2
+
+
+def _keep_last(window: deque, values: list, w: int) -> None:
+    """Appends `values` to `window`, keeping its last `w`."""
+    if len(values) >= w:
+        window.clear()
+        window.extend(values[-w:])
+        return
+    window.extend(values)
+    for _ in range(len(window) - w):
+        window.popleft()
 
 
 class SpikeDetector:
@@ -234,6 +259,55 @@ class SpikeDetector:
                 self._run_floor = _INF
         return False
 
+    def update_many(self, values_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`update` of each value in turn, a block at a time.
+
+        While nothing is out of the ordinary (the window full, no elevated
+        run, no spike) the block is judged at once: each value's baseline is
+        the median of the window as it stood before it, every value joins
+        the window. From the first spike on, values go through `update` one
+        by one until the detector is back to ordinary.
+
+        Args:
+            values_bytes: the values, none missing.
+
+        Returns:
+            `(spikes, baselines)`: what `update` returned for each value, and
+            `baseline` after it (NaN where None).
+        """
+        values = np.asarray(values_bytes)
+        n = len(values)
+        spikes = np.zeros(n, bool)
+        baselines = np.full(n, np.nan)
+        i = 0
+        while i < n:
+            ordinary = 0
+            if (not self._warm_left and not self._run
+                    and len(self._values) == self._window_size):
+                ordinary = self._push_ordinary(values[i:], baselines[i:])
+            if not ordinary:
+                spikes[i] = self.update(values[i].item())
+                if self._baseline is not None:
+                    baselines[i] = self._baseline
+                ordinary = 1
+            i += ordinary
+        return spikes, baselines
+
+    def _push_ordinary(self, values: np.ndarray, baselines: np.ndarray) -> int:
+        """Judges the leading values that are no spike against a full window
+        and pushes them; returns how many."""
+        w = self._window_size
+        medians = _medians(np.concatenate([np.fromiter(self._values, float, w),
+                                           values[:-1]]), w)
+        over = (values > medians * self._threshold) & (values > medians + self._min_delta)
+        n = int(over.argmax()) if over.any() else len(values)
+        if n:
+            baselines[:n] = medians[:n]
+            self._baseline = medians[n - 1].item()
+            _keep_last(self._values, values[:n].tolist(), w)
+            self._sorted[:] = sorted(self._values)
+        return n
+
     def exceeds(self, value_bytes: float, baseline_bytes: float) -> bool:
         """Whether a value is a spike against a baseline, by this detector's
         `threshold` and `min_delta_mb`."""
@@ -297,6 +371,21 @@ class RollingMedian:
         self._values.append(value)
         insort(ordered, value)
         return _median(ordered)
+
+    def push_many(self, values: np.ndarray) -> np.ndarray:
+        """`push` of each value in turn; returns the medians after each."""
+        out = np.empty(len(values))
+        i = 0
+        while i < len(values) and len(self._values) < self.window:
+            out[i] = self.push(values[i].item())
+            i += 1
+        if i < len(values):
+            w = self.window
+            out[i:] = _medians(np.concatenate([np.fromiter(self._values, float, w),
+                                               values[i:]])[1:], w)
+            _keep_last(self._values, values[i:].tolist(), w)
+            self._sorted[:] = sorted(self._values)
+        return out
 
 
 class DriftMonitor:
@@ -380,6 +469,12 @@ class DriftMonitor:
         if self._level is not None:
             baseline_bytes = self._level.push(baseline_bytes)
         self._values.append(baseline_bytes)
+
+    def update_many(self, baselines_bytes: np.ndarray) -> None:
+        """`update` of each value in turn (none missing)."""
+        if self._level is not None:
+            baselines_bytes = self._level.push_many(baselines_bytes)
+        self._values.extend(baselines_bytes.tolist())
 
     def end_epoch(self) -> Optional[DriftEvent]:
         """Closes the epoch and says whether the baseline drifted.

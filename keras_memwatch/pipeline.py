@@ -10,10 +10,10 @@ That thread can run while the training thread is inside the framework
 (which releases the interpreter), and the batch hook does little beyond
 its reads.
 
-The thread drains every `interval_s` (0.1 s), and as soon as `block` (32)
+The thread drains every `interval_s` (0.1 s), and as soon as `block` (128)
 samples wait; should it fall behind, the training thread drains itself once
 `2 * block` wait (`overdue`). So a sample is judged, recorded, streamed and
-alerted on within 0.1 s or 64 sampled batches of its read, whichever comes
+alerted on within 0.1 s or 256 sampled batches of its read, whichever comes
 first, and `on_spike` is called at the next batch begin after that: a
 `kill -9` loses at most the rows of the last 0.1 s (the row in flight, when
 steps are slower than that).
@@ -26,6 +26,10 @@ import logging
 import threading
 from typing import Optional
 
+import numpy as np
+
+from keras_memwatch.block import (CURRENT, MISSING, PEAK, PHASE_CODES, Block,
+                                  before_each, optional)
 from keras_memwatch.csvlog import CsvLog
 from keras_memwatch.events import SpikeEvent
 from keras_memwatch.recorder import Recorder
@@ -37,6 +41,8 @@ from keras_memwatch.step_plan import StepPlanner
 logger = logging.getLogger("keras_memwatch")
 
 Key = tuple  # (phase, epoch, batch); batch None for the train-begin sample
+
+_TRAIN = PHASE_CODES["train"]
 
 
 class Pipeline:
@@ -55,13 +61,14 @@ class Pipeline:
         interval_s: how often the background thread drains. Defaults to
             `0.1`.
         block: samples that wake the thread before `interval_s` is over.
-            Defaults to `32`.
+            Defaults to `128`: numpy's cost of a block is mostly fixed, so
+            larger blocks cost less a sample.
     """
 
     def __init__(self, sampler: Sampler, monitor: SpikeMonitor, recorder: Recorder,
                  log: Optional[CsvLog], planner: Optional[StepPlanner],
                  primary: int, lock: threading.Lock, t0: float = 0.0,
-                 interval_s: float = 0.1, block: int = 32):
+                 interval_s: float = 0.1, block: int = 128):
         self.sampler, self.monitor, self.recorder = sampler, monitor, recorder
         self.log, self.planner, self.primary = log, planner, primary
         self.interval_s, self.block = interval_s, block
@@ -70,7 +77,6 @@ class Pipeline:
         self._wake = threading.Event()
         self._t0 = t0
         self._last_read = t0  # when the previous sample was read
-        self._window = 0  # the first compilation that may still matter
         #: `(key, perf_counter() at the read, raw read)` in the order read,
         #: appended holding `lock` (the list is never replaced).
         self.pending: list[tuple[Key, float, list]] = []
@@ -137,44 +143,55 @@ class Pipeline:
                 logger.warning("MemWatch could not process %d samples (%r)",
                                len(arrived), e, exc_info=True)
 
-    def _process(self, block: list) -> None:
-        lines: list[str] = []
-        devices = self.sampler.devices
-        for key, (read_at, raw) in block:
-            phase, epoch, batch = key
-            rows = self.sampler.rows(raw)
-            time_s = round(read_at - self._t0, 6)
-            judged = phase == "train" and batch is not None
-            plan = self.planner.take(key) if judged and self.planner else None
-            step = self.step
-            self.step += 1
-            self.events.extend(self.monitor.judge(
-                step, epoch, batch, judged, rows, plan,
-                compiled=self._compiled_since(time_s)))
-            self.recorder.append(epoch, batch, phase, time_s, rows)
-            if self.log is not None:
-                lines.append(self.log.format(step, epoch, batch, phase, time_s,
-                                             devices, rows))
-            if rows and phase == "train":
-                self._track(rows[self.primary])
-        if lines:
-            self._stream("".join(lines))
+    def _process(self, due: list) -> None:
+        n = len(due)
+        if not n:
+            return
+        keys = [key for key, _ in due]
+        read_at = np.fromiter((read[0] for _, read in due), float, n)
+        phases, epochs, batches = zip(*keys)
+        batch = np.array([MISSING if b is None else b for b in batches], np.int64)
+        phase = np.array([PHASE_CODES[p] for p in phases], np.int8)
+        tables = self.sampler.tables([read[1] for _, read in due])
+        block = Block(np.arange(self.step, self.step + n), np.array(epochs, np.int64),
+                      batch, phase, np.round(read_at - self._t0, 6), tables,
+                      [np.zeros(n, bool) for _ in tables])
+        self.step += n
+        train = phase == _TRAIN
+        judged = train & (batch >= 0)
+        plans = compiled = None
+        if self.planner is not None:
+            plans = np.full((2, n), MISSING, np.int64)
+            for i in np.flatnonzero(judged).tolist():
+                plan = self.planner.take(keys[i])
+                if plan is not None:
+                    plans[:, i] = plan.total_bytes, plan.working_bytes
+            compiled = self._compiled_since(read_at)
+        self.events.extend(self.monitor.judge(block, judged, plans, compiled))
+        self.recorder.extend(block)
+        if self.log is not None:
+            self._stream(self.log.format(block, self.sampler.devices,
+                                         self.sampler.layout))
+        if tables and train.any():
+            self._track(tables[self.primary][train])
 
-    def _compiled_since(self, time_s: float) -> bool:
-        """Whether XLA compiled a new input shape between the previous
-        sample's read and this one's (JAX)."""
-        if self.planner is None:
-            return False
-        start, self._last_read = self._last_read, self._t0 + time_s
-        windows = self.planner.compilations
-        while self._window < len(windows) and windows[self._window][1] < start:
-            self._window += 1
-        return self._window < len(windows) and windows[self._window][0] <= self._last_read
+    def _compiled_since(self, read_at: np.ndarray) -> np.ndarray:
+        """Per sample, whether XLA compiled a new input shape between the
+        previous sample's read and this one's (JAX)."""
+        previous = before_each(read_at, self._last_read)
+        self._last_read = read_at[-1]
+        windows = np.array(self.planner.compilations, float).reshape(-1, 2)
+        # the first compilation that ended after the previous read
+        first = np.searchsorted(windows[:, 1], previous)
+        began = np.append(windows[:, 0], np.inf)[first]
+        return began <= read_at
 
-    def _track(self, row: dict) -> None:
-        self.last_current = row["current_bytes"]
-        peak = row["peak_bytes"]
-        if peak is not None and (self.epoch_peak is None or peak > self.epoch_peak):
+    def _track(self, table: np.ndarray) -> None:
+        """Follows the main device's training rows (for Keras's logs)."""
+        self.last_current = optional(table[-1, CURRENT])
+        peaks = table[:, PEAK]
+        peak = int(peaks.max())
+        if peak >= 0 and (self.epoch_peak is None or peak > self.epoch_peak):
             self.epoch_peak = peak
 
     def _stream(self, text: str) -> None:

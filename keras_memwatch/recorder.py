@@ -1,15 +1,17 @@
-"""Column storage of samples, and the DataFrame built from it on demand.
+"""Storage of samples in blocks, and the DataFrame built from it on demand.
 
-Each device keeps its own typed columns (`array.array`), holding only the
-source columns its probes fill: about 60 bytes a row for the host and under
-100 for a GPU. The step of a row is its position, so it is not stored. With
-`max_rows` the columns become a ring that keeps the newest rows.
+The recorder keeps the pipeline's blocks as they come (see `block`): each
+device's int64 table holds only the source columns its probes fill (8 bytes
+a value, 64 a row for a GPU with four sources), and the sample's meta
+columns (25 bytes) are kept once for every device. The step of a row is its
+position, so it is not stored. Small blocks are joined into larger ones as
+they accumulate. With `max_rows` the newest `max_rows` rows are kept, in at
+most about twice that memory (old rows go a joined block at a time).
 """
 
 from __future__ import annotations
 
 import threading
-from array import array
 from collections.abc import Sequence
 from typing import Optional
 
@@ -17,73 +19,58 @@ import numpy as np
 import pandas as pd
 
 from keras_memwatch import columns as C
+from keras_memwatch.block import MISSING, Block, table_columns
 
-_MISSING = -1  # bytes, epochs and batches are never negative
-_BLOCK = 256  # rows a device buffers before moving them into its arrays
-_PHASE_CODE = {p: i for i, p in enumerate(C.PHASES)}
-
-# column -> array typecode
-_META = {"epoch": "i", "batch": "i", "phase": "b", "time_s": "d", "spike": "b"}
-_DERIVED = C.DERIVED_COLUMNS
+_JOIN = 256  # rows that small blocks wait for before being joined into one
 
 
-class _DeviceColumns:
-    """One device's columns. Rows wait in a short list of tuples and are
-    moved into the typed arrays a block at a time, column by column, which
-    costs far less per row than appending each value."""
+class _Blocks:
+    """Arrays appended a block at a time: joined as they grow, the oldest
+    dropped beyond `max_rows`."""
 
-    def __init__(self, sources: Sequence[str], max_rows: Optional[int]):
-        self.names = tuple(_META) + _DERIVED + tuple(sources)
-        self.bytes_names = _DERIVED + tuple(sources)
-        self.data = [array(_META.get(n, "q")) for n in self.names]
+    def __init__(self, max_rows: Optional[int]):
         self.max_rows = max_rows
-        self.pending: list[tuple] = []
-        self.stored = 0  # rows ever moved into the arrays
+        self.joined: list[list[np.ndarray]] = []  # blocks of `_JOIN` rows or more
+        self.waiting: list[list[np.ndarray]] = []
+        self.waiting_rows = 0
+        self.kept = 0  # rows in `joined` and `waiting`
+        self.total = 0  # rows ever appended
 
-    @property
-    def total(self) -> int:
-        """Rows ever appended."""
-        return self.stored + len(self.pending)
+    def append(self, arrays: list[np.ndarray]) -> None:
+        n = len(arrays[0])
+        self.waiting.append(arrays)
+        self.waiting_rows += n
+        self.kept += n
+        self.total += n
+        if self.waiting_rows >= _JOIN:
+            self._join()
+        while (self.max_rows is not None and self.joined
+               and self.kept - len(self.joined[0][0]) >= self.max_rows):
+            self.kept -= len(self.joined.pop(0)[0])
 
-    def append(self, values: tuple) -> None:
-        self.pending.append(values)
-        if len(self.pending) >= _BLOCK:
-            self.flush()
+    def _join(self) -> None:
+        if self.waiting:
+            self.joined.append([np.concatenate(parts)
+                                for parts in zip(*self.waiting)])
+            self.waiting, self.waiting_rows = [], 0
 
-    def flush(self) -> None:
-        rows, self.pending = self.pending, []
-        columns = list(zip(*rows))
-        done, n, cap = 0, len(rows), self.max_rows
-        while done < n:
-            if cap is None or self.stored < cap:  # still growing
-                take = n - done if cap is None else min(n - done, cap - self.stored)
-                for column, values in zip(self.data, columns):
-                    column.extend(values[done:done + take])
-            else:  # a full ring: overwrite the oldest rows
-                i = self.stored % cap
-                take = min(n - done, cap - i)
-                for column, values in zip(self.data, columns):
-                    column[i:i + take] = array(column.typecode, values[done:done + take])
-            self.stored += take
-            done += take
-
-    def numpy(self, name: str) -> np.ndarray:
-        self.flush()
-        column = self.data[self.names.index(name)]
-        values = np.frombuffer(column, dtype=column.typecode) if column else (
-            np.empty(0, dtype=column.typecode)
-        )
-        if self.max_rows is not None and self.stored > self.max_rows:
-            values = np.roll(values, -(self.stored % self.max_rows))
-        return values
+    def arrays(self) -> list[np.ndarray]:
+        """Every array, the kept rows joined (the newest `max_rows`)."""
+        self._join()
+        arrays = [np.concatenate(parts) for parts in zip(*self.joined)]
+        if self.max_rows is not None and self.kept > self.max_rows:
+            arrays = [a[-self.max_rows:].copy() for a in arrays]
+            self.kept = self.max_rows
+        self.joined = [arrays]
+        return arrays
 
 
 class Recorder:
-    """Keeps every sample in typed columns; thread-safe.
+    """Keeps every sample, a block at a time; thread-safe.
 
     Args:
-        max_rows: keep only the newest `max_rows` samples (a ring), or all
-            when `None`. Defaults to `None`.
+        max_rows: keep only the newest `max_rows` samples, or all when
+            `None`. Defaults to `None`.
     """
 
     def __init__(self, max_rows: Optional[int] = None):
@@ -103,88 +90,71 @@ class Recorder:
         with self._lock:
             self.process, self.hostname = process, hostname
             self.devices = tuple(device_columns)
-            self._columns = [
-                _DeviceColumns(device_columns[d], self.max_rows)
-                for d in self.devices
-            ]
+            self._columns = [table_columns(device_columns[d]) for d in self.devices]
+            self._blocks = _Blocks(self.max_rows)
 
-    def append(
-        self,
-        epoch: int,
-        batch: Optional[int],
-        phase: str,
-        time_s: float,
-        rows: Sequence[dict[str, Optional[int]]],
-    ) -> None:
-        """Appends one sample: one row per device, in `devices` order.
-
-        Each row maps column names to values (`None` when missing); it
-        carries the sources, `peak_bytes`, `current_bytes`,
-        `baseline_bytes` and `spike`.
-        """
-        meta = (epoch, _MISSING if batch is None else batch,
-                _PHASE_CODE[phase], time_s)
-        get = dict.get
-        with self._lock:
-            for store, row in zip(self._columns, rows):
-                store.append(meta + (bool(get(row, "spike")),) + tuple(
-                    [_MISSING if (v := get(row, name)) is None else v
-                     for name in store.bytes_names]))
+    def extend(self, block: Block) -> None:
+        """Keeps a block of samples (its arrays, as they are)."""
+        if len(block):
+            with self._lock:
+                self._blocks.append([block.epoch, block.batch, block.phase,
+                                     block.time_s, *block.tables, *block.spikes])
 
     def __len__(self) -> int:
         with self._lock:
-            return sum(min(s.total, s.max_rows or s.total) for s in self._columns)
+            return len(self.devices) * min(self._blocks.kept, self.max_rows
+                                           or self._blocks.kept)
 
     @property
     def total_samples(self) -> int:
         """Samples appended since the last reset, kept or not."""
-        return self._columns[0].total if self._columns else 0
+        return self._blocks.total
 
     def to_dataframe(self) -> pd.DataFrame:
         """Builds the DataFrame: one row per sample per device, by step."""
         with self._lock:
-            frames = [self._device_frame(d, s, self.process, self.hostname)
-                      for d, s in zip(self.devices, self._columns)]
-        if not frames or not len(frames[0]):
-            return empty_frame()
-        n = len(frames[0])
+            if not self.devices or not self._blocks.kept:
+                return empty_frame()
+            epoch, batch, phase, time_s, *rest = self._blocks.arrays()
+            total = self._blocks.total
+        d = len(self.devices)
+        n = len(epoch)
+        meta = {
+            "step": np.arange(total - n, total, dtype=np.int64),
+            "epoch": epoch,
+            "batch": _nullable(batch),
+            "phase": pd.Categorical.from_codes(phase, categories=list(C.PHASES)),
+        }
+        frames = [self._device_frame(device, meta, time_s, table, spikes, names)
+                  for device, table, spikes, names in zip(
+                      self.devices, rest[:d], rest[d:], self._columns)]
         frame = pd.concat(frames, ignore_index=True)
         # Interleave devices so rows run step by step, devices in order.
-        order = np.arange(n * len(frames)).reshape(len(frames), n).T.ravel()
+        order = np.arange(n * d).reshape(d, n).T.ravel()
         frame = frame.take(order).reset_index(drop=True)
         frame["device"] = pd.Categorical(frame["device"], categories=self.devices)
         return frame
 
-    @staticmethod
-    def _device_frame(device: str, store: _DeviceColumns, process: int,
-                      hostname: str) -> pd.DataFrame:
-        n = min(store.total, store.max_rows or store.total)
-        first = store.total - n
-        data: dict[str, object] = {
-            "step": np.arange(first, store.total, dtype=np.int64),
-            "epoch": store.numpy("epoch").astype(np.int64),
-            "batch": _nullable(store.numpy("batch")),
-            "phase": pd.Categorical.from_codes(
-                store.numpy("phase"), categories=list(C.PHASES)
-            ),
-            "device": device,
-            "time_s": store.numpy("time_s"),
-        }
+    def _device_frame(self, device: str, meta: dict, time_s: np.ndarray,
+                      table: np.ndarray, spikes: np.ndarray,
+                      names: Sequence[str]) -> pd.DataFrame:
+        n = len(table)
+        data: dict[str, object] = dict(meta, device=device, time_s=time_s)
         for name in C.COLUMNS[6:-len(C.PROCESS_COLUMNS)]:
             if name == "spike":
-                data[name] = store.numpy("spike").astype(bool)
-            elif name in store.names:
-                data[name] = _nullable(store.numpy(name))
+                data[name] = spikes
+            elif name in names:
+                data[name] = _nullable(table[:, names.index(name)])
             else:
                 data[name] = _missing(n)
-        data["process"] = np.full(n, process, dtype=np.int64)
-        data["hostname"] = hostname
+        data["process"] = np.full(n, self.process, dtype=np.int64)
+        data["hostname"] = self.hostname
         return pd.DataFrame(data, columns=list(C.COLUMNS))
 
 
 def _nullable(values: np.ndarray) -> pd.api.extensions.ExtensionArray:
-    values = values.astype(np.int64, copy=False)
-    return pd.arrays.IntegerArray(values.copy(), values == _MISSING)
+    values = values.astype(np.int64)  # a copy the frame owns
+    return pd.arrays.IntegerArray(values, values == MISSING)
 
 
 def _missing(n: int) -> pd.api.extensions.ExtensionArray:

@@ -1,8 +1,8 @@
 """Reads every probe once per sample, isolating their faults.
 
-The sampler turns the probes' readings into one row per device: a dict of
-source columns plus `current_bytes` and `peak_bytes`, the best value each
-sample has. Where no peak since the previous sample can be known,
+The sampler turns a block of the probes' readings into one table per device
+(see `block`): its source columns plus `current_bytes` and `peak_bytes`, the
+best value each sample has. Where no peak since the previous sample can be known,
 `peak_bytes` is missing: the memory in use at a batch's end is not a peak (on
 an asynchronous backend it jitters by the step in flight), and judging it
 would raise alarms that no source backs. A probe that raises, returns
@@ -14,11 +14,17 @@ escapes `sample()`.
 from __future__ import annotations
 
 import logging
+from itertools import chain
 from time import perf_counter
 from collections.abc import Sequence
 from typing import Callable, Optional
 
+import numpy as np
+
 from keras_memwatch import columns as C
+from keras_memwatch.block import (CURRENT, MISSING, PEAK, last_present_before,
+                                  rows_of, table_columns)
+from keras_memwatch.columns import DERIVED_COLUMNS
 from keras_memwatch.probes.base import Probe, ProbeUnavailable
 
 logger = logging.getLogger("keras_memwatch")
@@ -30,6 +36,8 @@ Row = dict[str, Optional[int]]
 _GPU_CURRENT = (C.ALLOCATOR_CURRENT, C.PROCESS, C.NVML_USED)
 _HOST_CURRENT = (C.HOST_RSS,)
 _PEAKS = (C.ALLOCATOR_PEAK, C.HOST_PEAK_RSS)
+_chain = chain.from_iterable
+_TOO_LARGE = 2**63  # a value an int64 cannot hold is not a byte count
 
 
 class _Failure:
@@ -59,6 +67,8 @@ class Sampler:
         self.slow_s = slow_s
         self.devices: tuple[str, ...] = ()
         self.device_columns: dict[str, tuple[str, ...]] = {}
+        #: Per device: the columns of its tables.
+        self.layout: list[tuple[str, ...]] = []
         #: Per device: whether a source resets its peak at every sample.
         self.per_step_peak: tuple[bool, ...] = ()
         #: Per device: the source column of its peak, or None.
@@ -71,6 +81,10 @@ class Sampler:
         self._warned: set[str] = set()
         self._peak_column: list[Optional[tuple[str, bool]]] = []
         self._high_water: list[Optional[int]] = []
+        self._places: list[list[tuple[int, list[int]]]] = []
+        self._current_at: list[list[int]] = []
+        #: Per device: the table column of its peak's source, or None.
+        self.peak_at: list[Optional[int]] = []
         #: Per device: the columns its current bytes come from, best first.
         self.current_columns: list[tuple[str, ...]] = []
 
@@ -120,6 +134,13 @@ class Sampler:
             self._next_read.append(0.0)
         self.devices = tuple(devices)
         self.device_columns = {d: tuple(columns[d]) for d in devices}
+        self.layout = layout = [table_columns(self.device_columns[d]) for d in devices]
+        # Per probe and device slot: the device's index (-1: not recorded)
+        # and the table columns of the probe's columns.
+        self._places = [
+            [(d, [layout[d].index(c) for c in probe.columns] if d >= 0 else [])
+             for d in slots]
+            for probe, slots in self._active]
         self._peak_column = [peak_column.get(d) for d in devices]
         self.per_step_peak = tuple(bool(p and p[1]) for p in self._peak_column)
         self.peak_columns = tuple(p[0] if p else None for p in self._peak_column)
@@ -128,6 +149,10 @@ class Sampler:
             _HOST_CURRENT if d == C.HOST_DEVICE else _GPU_CURRENT
             for d in devices
         ]
+        self._current_at = [[layout[i].index(c) for c in cols if c in layout[i]]
+                            for i, cols in enumerate(self.current_columns)]
+        self.peak_at = [None if p is None else layout[i].index(p[0])
+                         for i, p in enumerate(self._peak_column)]
         return self.devices
 
     def sample(self) -> list[Row]:
@@ -186,67 +211,96 @@ class Sampler:
         return out
 
     def rows(self, raw: list) -> list[Row]:
-        """Turns one `read()` into one row per device, checking every value.
+        """One `read()` as one row per device (a dict of its columns)."""
+        return rows_of(self.tables([raw]), self.layout)
+
+    def tables(self, raws: Sequence[list]) -> list[np.ndarray]:
+        """Turns `read()`s into one table per device (see `block`), checking
+        every value; fills their current and peak bytes.
 
         Must see the reads in the order they were taken (a high-water mark
         is judged against the previous one).
         """
-        rows: list[Row] = [{} for _ in self.devices]
-        for (probe, slots), readings in zip(self._active, raw):
-            if readings is None:
-                continue
-            if type(readings) is _Failure:
-                self._failed(probe, readings)
-                continue
-            if len(readings) != len(slots):
-                self._failed(probe, _Failure(ValueError(
-                    f"returned {len(readings)} readings for {len(slots)} devices"),
-                    0))
-                continue
-            for slot, reading in zip(slots, readings):
-                if slot < 0:
-                    continue
-                row = rows[slot]
-                for col, value in zip(probe.columns, reading):
-                    row[col] = (value if type(value) is int and value >= 0
-                                else self._checked(probe, col, value))
-        for i, row in enumerate(rows):
-            current = None
-            for col in self.current_columns[i]:
-                current = row.get(col)
-                if current is not None:
-                    break
-            peak = self._peak(i, row)
-            if peak is not None and current is not None and peak < current:
-                peak = current
-            row["current_bytes"] = current
-            row["peak_bytes"] = peak
-        return rows
+        n = len(raws)
+        tables = [np.full((n, len(DERIVED_COLUMNS) + len(self.device_columns[d])),
+                          MISSING, np.int64) for d in self.devices]
+        for p, (probe, slots) in enumerate(self._active):
+            readings = [raw[p] for raw in raws]
+            read = [i for i, r in enumerate(readings)
+                    if r is not None and type(r) is not _Failure]
+            if len(read) < n:
+                for r in readings:
+                    if type(r) is _Failure:
+                        self._failed(probe, r)
+            if read:
+                self._fill(p, [readings[i] for i in read], read, tables)
+        for i, table in enumerate(tables):
+            current = table[:, CURRENT]
+            for col in self._current_at[i]:
+                np.copyto(current, table[:, col], where=current < 0)
+            peak = table[:, PEAK]
+            if self._peak_column[i] is not None:
+                peak[:] = self._peaks(i, table[:, self.peak_at[i]])
+                np.copyto(peak, current, where=(peak < current) & (peak >= 0))
+        return tables
 
-    def _peak(self, i: int, row: Row) -> Optional[int]:
+    def _fill(self, p: int, readings: list, at: list[int],
+              tables: list[np.ndarray]) -> None:
+        """Puts probe `p`'s readings (taken at samples `at`) into the tables:
+        in one step where they are all well-formed, else one by one."""
+        probe, places = self._active[p][0], self._places[p]
+        try:  # bools are ints to numpy, not byte counts here
+            fast = set(map(type, _chain(_chain(readings)))) == {int}
+            values = np.array(readings, dtype=np.int64) if fast else None
+            fast = fast and (values.shape[1:] == (len(places), len(probe.columns))
+                             and not (values < 0).any())
+        except (ValueError, TypeError, OverflowError):
+            fast = False
+        if fast:
+            for slot, (device, columns) in enumerate(places):
+                if device >= 0:
+                    tables[device][np.asarray(at)[:, None], columns] = values[:, slot]
+            return
+        for i, readings_i in zip(at, readings):
+            count = len(readings_i) if isinstance(readings_i, (tuple, list)) else None
+            if count != len(places):
+                self._failed(probe, _Failure(ValueError(
+                    f"returned {readings_i!r} for {len(places)} devices"), 0))
+                continue
+            for (device, columns), reading in zip(places, readings_i):
+                if device < 0:
+                    continue
+                row = tables[device][i]
+                for col, name, value in zip(columns, probe.columns, reading):
+                    value = self._checked(probe, name, value)
+                    if value is not None:
+                        row[col] = value
+
+    def _peaks(self, i: int, values: np.ndarray) -> np.ndarray:
         """The peak since the previous sample, where it can be known.
 
         A resettable peak is that by definition. A high-water mark (JAX) is
         only when it rose since the previous sample: then the new mark was
-        reached in between. Otherwise the peak is unknown (None).
+        reached in between. Otherwise the peak is unknown (missing).
         """
-        if self._peak_column[i] is None:
-            return None
-        col, per_sample = self._peak_column[i]
-        peak = row.get(col)
-        if per_sample or peak is None:
-            return peak
-        last, self._high_water[i] = self._high_water[i], peak
-        return peak if last is not None and peak > last else None
+        if self._peak_column[i][1]:
+            return values
+        last = self._high_water[i]
+        marks = last_present_before(values, MISSING if last is None else last)
+        present = values[values >= 0]
+        if len(present):
+            self._high_water[i] = int(present[-1])
+        return np.where((marks >= 0) & (values > marks), values, MISSING)
 
     def _checked(self, probe: Probe, col: str, value: object) -> Optional[int]:
         if value is None:
             return None
-        if type(value) is int and value >= 0:
+        if type(value) is int and 0 <= value < _TOO_LARGE:
             return value
         try:
             as_int = int(value)  # type: ignore[call-overload]
-            if as_int == value and as_int >= 0 and not isinstance(value, bool):
+            if (as_int == value and 0 <= as_int < _TOO_LARGE
+                    and not isinstance(value, bool)):
                 return as_int
         except (TypeError, ValueError, OverflowError):
             pass

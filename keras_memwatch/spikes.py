@@ -1,4 +1,5 @@
-"""Judges each training sample per device, and turns verdicts into alerts.
+"""Judges each training sample per device, a block at a time, and turns
+verdicts into alerts.
 
 What is judged is a step's *working memory*: its peak minus the memory in
 use just before it (the previous sample's current bytes). A ratio on the
@@ -15,6 +16,9 @@ sees a step's peak, XLA's plan of the step stands in: on the devices the
 step runs on, `plan_bytes` is the plan, and where the device has no
 per-step peak of its own, `peak_bytes` is the memory in use before the step
 plus the plan's working part, so the working memory judged is the plan's.
+Where a device has neither, a rise of its high-water mark is judged against
+the previous mark above the memory in use: the most any earlier step can
+have needed (not during warm-up, nor without an earlier mark).
 """
 
 from __future__ import annotations
@@ -23,14 +27,19 @@ import logging
 from collections.abc import Sequence
 from typing import Optional
 
-from keras_memwatch import columns as C
+import numpy as np
+
+from keras_memwatch.block import (BASELINE, CURRENT, MISSING, PEAK, PLAN, Block,
+                                  before_each, last_present_before, optional)
 from keras_memwatch.derived import working_memory
 from keras_memwatch.detector import DriftMonitor, SpikeDetector
 from keras_memwatch.events import DriftEvent, RiseEvent, SpikeEvent
-from keras_memwatch.step_plan import StepPlan
-from keras_memwatch.units import format_bytes
+from keras_memwatch.units import MIB, format_bytes
 
 logger = logging.getLogger("keras_memwatch")
+
+# What becomes of a sample: it ends a burst, leaves it be, or is a spike.
+_ENDS, _NEUTRAL, _SPIKE = 0, 1, 2
 
 
 class SpikeMonitor:
@@ -41,14 +50,14 @@ class SpikeMonitor:
         window, threshold, min_delta_mb, warmup: passed to each
             `SpikeDetector`.
         alert: log spikes and drift at WARNING.
-        planned: the devices a training step runs on, whose rows carry its
-            plan (`judge(plan=...)`). Defaults to `()`.
+        planned: the devices a training step runs on, whose tables carry
+            its plan (`judge(plans=...)`). Defaults to `()`.
         per_step_peak: per device, whether its sources have a peak per
             step; a planned device without one takes its peak from the plan.
             Defaults to `None` (all have).
-        peak_columns: per device, the source column of its peak (a
-            high-water mark where there is no per-step peak). Defaults to
-            `None`.
+        peak_at: per device, the column of its tables that holds the
+            source of its peak (a high-water mark where there is no
+            per-step peak), or None. Defaults to `None`.
         where: put before every alert, e.g. `"process 1 on host-a: "`.
             Defaults to `""`.
     """
@@ -63,7 +72,7 @@ class SpikeMonitor:
         alert: bool,
         planned: Sequence[str] = (),
         per_step_peak: Optional[Sequence[bool]] = None,
-        peak_columns: Optional[Sequence[Optional[str]]] = None,
+        peak_at: Optional[Sequence[Optional[int]]] = None,
         where: str = "",
     ):
         self.devices = tuple(devices)
@@ -75,10 +84,9 @@ class SpikeMonitor:
                                 for d, p in zip(self.devices, per_step)]
         # Without a per-step peak or a plan, only a rise of the high-water
         # mark is seen: judged against the previous mark.
-        self._peak_columns = list(peak_columns or [None] * len(self.devices))
+        self._peak_at = list(peak_at or [None] * len(self.devices))
         self._by_mark = [not p and d not in planned and c is not None
-                         for d, p, c in zip(self.devices, per_step,
-                                            self._peak_columns)]
+                         for d, p, c in zip(self.devices, per_step, self._peak_at)]
         self._marks: list[Optional[int]] = [None] * len(self.devices)
         #: Per device: samples not judged because XLA compiled meanwhile.
         self.compiling = [0] * len(self.devices)
@@ -99,87 +107,129 @@ class SpikeMonitor:
 
     def judge(
         self,
-        step: int,
-        epoch: int,
-        batch: Optional[int],
-        judged: bool,
-        rows: Sequence[dict],
-        plan: Optional[StepPlan] = None,
-        compiled: bool = False,
+        block: Block,
+        judged: np.ndarray,
+        plans: Optional[tuple[np.ndarray, np.ndarray]] = None,
+        compiled: Optional[np.ndarray] = None,
     ) -> list[SpikeEvent]:
-        """Fills `baseline_bytes` and `spike` of each row (and `plan_bytes`,
-        and a planned peak); returns new spikes.
+        """Fills each table's baseline (and plan, and a planned peak) and
+        each device's `spikes` in `block`; returns new spikes.
 
         Args:
-            judged: False for the train-begin row and non-training phases,
-                whose values only become the reference for the next step.
-            plan: XLA's plan of the step, on JAX. Defaults to `None`.
-            compiled: XLA compiled a new input shape since the previous
-                sample (JAX). The host memory that takes is not a step's
-                working memory: devices the step does not run on are then
-                recorded, not judged. Defaults to `False`.
+            block: consecutive samples, their tables from the sampler.
+            judged: per sample, False for the train-begin sample and
+                non-training phases, whose values only become the
+                reference for the next step.
+            plans: per sample, XLA's plan of the step (`total_bytes`,
+                `working_bytes`; `MISSING` where none), on JAX. Defaults to
+                `None`.
+            compiled: per sample, whether XLA compiled a new input shape
+                since the previous sample (JAX). The host memory that takes
+                is not a step's working memory: devices the step does not
+                run on are then recorded, not judged. Defaults to `None`.
         """
-        new = []
-        for i, row in enumerate(rows):
-            before, current = self._before[i], row["current_bytes"]
-            self._before[i] = current
-            row["baseline_bytes"], row["spike"] = None, False
-            planned = plan is not None and self._planned[i]
-            if planned:
-                row[C.PLAN] = plan.total_bytes
-                if self._peak_from_plan[i] and before is not None:
-                    row["peak_bytes"] = before + plan.working_bytes
-            mark = self._marks[i]
-            if self._peak_columns[i] is not None:
-                if row.get(self._peak_columns[i]) is not None:  # a read kept it
-                    self._marks[i] = row[self._peak_columns[i]]
-            if judged and current is not None:
-                self._drift[i].update(current)
-            peak = row["peak_bytes"]
-            if (judged and compiled and not self._planned[i]
-                    and not self._detectors[i].warming_up):
-                self.compiling[i] += 1
-                self._end_burst(i)
-                continue
-            if not judged or before is None:
-                self._end_burst(i)
-                continue
-            self._judged[i] += 1
-            if peak is None:
-                self._end_burst(i)
-                continue
-            working = working_memory(peak, before)
-            if self._peak_from_plan[i] and not planned or self._by_mark[i]:
-                usual = self._against_mark(i, mark, before)
-                spike = usual is not None and self._detectors[i].exceeds(working, usual)
+        new: list[SpikeEvent] = []
+        for i, table in enumerate(block.tables):
+            may_skip = compiled is not None and not self._planned[i]
+            if may_skip and self._detectors[i].warming_up and (compiled & judged).any():
+                # Whether warm-up is over decides a compiled sample's fate:
+                # one sample at a time, so that each sees it as it stands.
+                for k in range(len(block)):
+                    new += self._judge_device(i, block, judged, plans, compiled,
+                                              slice(k, k + 1))
             else:
-                detector = self._detectors[i]
-                spike = detector.update(working)
-                usual = None if detector.baseline is None else int(detector.baseline)
-            if usual is None:
-                continue
-            row["baseline_bytes"] = before + usual
-            row["spike"] = spike
-            if not spike:
+                new += self._judge_device(i, block, judged, plans, compiled,
+                                          slice(None))
+        new.sort(key=lambda event: event.step)  # devices in order within a step
+        self.events.extend(new)
+        return new
+
+    def _judge_device(self, i: int, block: Block, judged: np.ndarray,
+                      plans: Optional[tuple[np.ndarray, np.ndarray]],
+                      compiled: Optional[np.ndarray], at: slice) -> list[SpikeEvent]:
+        table, spikes, judged = block.tables[i][at], block.spikes[i][at], judged[at]
+        current = table[:, CURRENT]
+        last = self._before[i]
+        before = before_each(current, MISSING if last is None else last)
+        self._before[i] = optional(current[-1])
+        table[:, BASELINE] = MISSING
+        spikes[:] = False
+        planned = np.zeros(len(table), bool)
+        if plans is not None and self._planned[i]:
+            total, working_plan = plans[0][at], plans[1][at]
+            planned = total >= 0
+            table[planned, PLAN] = total[planned]
+            if self._peak_from_plan[i]:
+                from_plan = planned & (before >= 0)
+                table[from_plan, PEAK] = before[from_plan] + working_plan[from_plan]
+        marks = np.full(len(table), MISSING, np.int64)
+        if self._peak_at[i] is not None:
+            mark = self._marks[i]
+            marks = last_present_before(table[:, self._peak_at[i]],
+                                        MISSING if mark is None else mark)
+            present = table[:, self._peak_at[i]]
+            present = present[present >= 0]
+            if len(present):
+                self._marks[i] = int(present[-1])
+        self._drift[i].update_many(current[judged & (current >= 0)])
+
+        fate = np.full(len(table), _ENDS, np.int8)
+        skipped = np.zeros(len(table), bool)
+        if (compiled is not None and not self._planned[i]
+                and not self._detectors[i].warming_up):
+            skipped = judged & compiled[at]
+            self.compiling[i] += int(skipped.sum())
+        counted = judged & (before >= 0) & ~skipped
+        count = self._judged[i] + np.cumsum(counted)
+        self._judged[i] = int(count[-1])
+        peak = table[:, PEAK]
+        working = working_memory(peak, before)
+        reach = counted & (peak >= 0)
+        usual = np.full(len(table), MISSING, np.int64)
+        # Without a per-step peak or a plan, judged against the marks.
+        by_mark = reach & (self._by_mark[i] | (self._peak_from_plan[i] & ~planned))
+        if by_mark.any():
+            detector = self._detectors[i]
+            known = by_mark & (marks >= 0) & (count > detector.warmup)
+            usual[known] = np.maximum(marks[known] - before[known], 0)
+            spikes[known] = ((working[known] > usual[known] * detector.threshold)
+                             & (working[known] > usual[known]
+                                + detector.min_delta_mb * MIB))
+            fate[by_mark & ~known] = _NEUTRAL
+        fed = reach & ~by_mark
+        if fed.any():
+            found, baselines = self._detectors[i].update_many(working[fed])
+            known = ~np.isnan(baselines)
+            where = np.flatnonzero(fed)
+            usual[where[known]] = baselines[known].astype(np.int64)
+            spikes[where[known]] = found[known]
+            fate[where[~known]] = _NEUTRAL
+        has_usual = usual >= 0
+        table[has_usual, BASELINE] = before[has_usual] + usual[has_usual]
+        fate[spikes] = _SPIKE
+        if not spikes.any() and not self._burst[i]:
+            return []
+        return self._bursts(i, block, at, fate, usual, working)
+
+    def _bursts(self, i: int, block: Block, at: slice, fate: np.ndarray,
+                usual: np.ndarray, working: np.ndarray) -> list[SpikeEvent]:
+        """Turns the spikes into events, and alerts once a burst."""
+        new = []
+        table = block.tables[i][at]
+        for k in np.flatnonzero(fate != _NEUTRAL).tolist():
+            if fate[k] != _SPIKE:
                 self._end_burst(i)
                 continue
-            event = SpikeEvent(step, epoch, batch, self.devices[i], peak,
-                               before + usual, working, usual)
+            j = k + (at.start or 0)
+            event = SpikeEvent(
+                int(block.step[j]), int(block.epoch[j]), optional(block.batch[j]),
+                self.devices[i], int(table[k, PEAK]), int(table[k, BASELINE]),
+                int(working[k]), int(usual[k]))
             new.append(event)
             if self.alert and not self._burst[i]:
                 logger.warning("%s%s", self.where, event.message)
             self._burst[i].append(event)
-        self.events.extend(new)
         return new
-
-    def _against_mark(self, i: int, mark: Optional[int],
-                      before: int) -> Optional[int]:
-        """The usual working memory where only a high-water mark exists: the
-        most any earlier step can have needed, the previous mark above the
-        memory in use. None during warm-up or with no earlier mark."""
-        if mark is None or self._judged[i] <= self._detectors[i].warmup:
-            return None
-        return max(int(mark) - before, 0)
 
     def _end_burst(self, i: int) -> None:
         burst = self._burst[i]

@@ -27,6 +27,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from keras_memwatch import columns as C  # noqa: E402
+from keras_memwatch.block import (MISSING, PHASE_CODES, Block,  # noqa: E402
+                                  table_columns)
 from keras_memwatch.derived import spike_table  # noqa: E402
 from keras_memwatch.probes.base import Probe  # noqa: E402
 from keras_memwatch.recorder import Recorder  # noqa: E402
@@ -152,7 +154,7 @@ HOST = (C.HOST_RSS, C.HOST_PEAK_RSS)
 
 def record(readings, device="GPU:0", sources=GPU, limit=16 * GIB,
            per_step_peak=True, epoch_of=None, phase_of=None, monitor=False,
-           **detector):
+           block=7, **detector):
     """Runs readings through the real spike monitor and recorder.
 
     Args:
@@ -163,6 +165,7 @@ def record(readings, device="GPU:0", sources=GPU, limit=16 * GIB,
             rose (missing elsewhere).
         epoch_of, phase_of: functions of the batch number.
         monitor: also return the `SpikeMonitor`.
+        block: samples judged and recorded at a time.
 
     Returns:
         `(frame, spikes)` as `MemWatch.to_dataframe()` and `MemWatch.spikes`
@@ -173,10 +176,12 @@ def record(readings, device="GPU:0", sources=GPU, limit=16 * GIB,
     options = dict(window=50, threshold=1.5, min_delta_mb=64, warmup=5)
     options.update(detector)
     peak_column = C.ALLOCATOR_PEAK if sources == GPU else C.HOST_PEAK_RSS
+    peak_at = table_columns(sources).index(peak_column)
     judge = SpikeMonitor((device,), alert=False, per_step_peak=[per_step_peak],
-                         peak_columns=[peak_column], **options)
+                         peak_at=[peak_at], **options)
     recorder = Recorder()
     recorder.reset({device: sources})
+    samples = []
     high_water = last_mark = None
     for step, (current, peak) in enumerate(readings):
         current, peak = current * MIB, peak * MIB
@@ -194,8 +199,11 @@ def record(readings, device="GPU:0", sources=GPU, limit=16 * GIB,
         batch = None if step == 0 else step - 1
         epoch = 0 if step == 0 else epoch_of(batch)
         phase = "train" if step == 0 else phase_of(batch)
-        judge.judge(step, epoch, batch, step > 0 and phase == "train", [row])
-        recorder.append(epoch, batch, phase, step * 0.1, [row])
+        samples.append((step, epoch, batch, phase, step * 0.1, [row]))
+    for start in range(0, len(samples), block):
+        part = block_of(samples[start:start + block], [sources])
+        judge.judge(part, (part.phase == 0) & (part.batch >= 0))
+        recorder.extend(part)
     spikes = spike_table(judge.events)
     if monitor:
         return recorder.to_dataframe(), spikes, judge
@@ -205,6 +213,24 @@ def record(readings, device="GPU:0", sources=GPU, limit=16 * GIB,
 def steady(working_mib, in_use=500):
     """Train begin, then steps with these working memories on `in_use`."""
     return [(in_use, in_use)] + [(in_use, in_use + w) for w in working_mib]
+
+
+def block_of(samples, sources):
+    """A `Block` of samples given as `(step, epoch, batch, phase, time_s,
+    rows)`, each row a dict of a device's columns (missing: None); `sources`
+    are each device's source columns."""
+    tables = [np.array([[MISSING if row.get(name) is None else row[name]
+                         for name in table_columns(device_sources)]
+                        for *_, rows in samples for row in rows[d:d + 1]],
+                       np.int64).reshape(len(samples), -1)
+              for d, device_sources in enumerate(sources)]
+    steps, epochs, batches, phases, times, _ = zip(*samples)
+    return Block(np.array(steps), np.array(epochs),
+                 np.array([MISSING if b is None else b for b in batches]),
+                 np.array([PHASE_CODES[p] for p in phases], np.int8),
+                 np.array(times, float), tables,
+                 [np.array([bool(rows[d].get("spike")) for *_, rows in samples])
+                  for d in range(len(sources))])
 
 
 GPU_SOURCES = (C.ALLOCATOR_CURRENT, C.ALLOCATOR_PEAK, C.ALLOCATOR_LIMIT)

@@ -315,11 +315,11 @@ class InOrder(keras.callbacks.Callback):
 def test_on_spike_returning_true_stops_training_within_the_bound(memwatch_logs):
     watch = MemWatch(probes=[scripted([40] * 8 + [500] + [40] * 7)],
                      on_spike=lambda event: True)
-    # 256 batches an epoch; the spike is batch 8.
-    fit(watch, epochs=3, n=16 * 256, callbacks=[InOrder()])
+    # 512 batches an epoch; the spike is batch 8.
+    fit(watch, epochs=3, n=16 * 512, callbacks=[InOrder()])
     frame = watch.to_dataframe()
     assert frame["epoch"].max() == 0
-    assert frame["batch"].max() <= 8 + 64 + 1  # 64 sampled batches, and the next
+    assert frame["batch"].max() <= 8 + 256 + 1  # 256 sampled batches, and the next
     assert "on_spike returned True at epoch 0 batch 8: training stops" in memwatch_logs.text
 
 

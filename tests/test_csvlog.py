@@ -15,21 +15,27 @@ from keras_memwatch import columns as C
 from keras_memwatch.csvlog import (CsvLog, NotALogError, load_log, log_path_for,
                                    numbered, open_log)
 
-from conftest import GPU_SOURCES, HOST_SOURCES, gpu_row, host_row
+from conftest import GPU_SOURCES, HOST_SOURCES, block_of, gpu_row, host_row
+from keras_memwatch.block import table_columns
 from keras_memwatch.recorder import Recorder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def write_both(path, n):
+DEVICES = ("GPU:0", "host")
+LAYOUT = [table_columns(GPU_SOURCES), table_columns(HOST_SOURCES)]
+
+
+def write_both(path, n, phase_of=lambda i: "train", block=2):
     log = CsvLog(path)
     recorder = Recorder()
     recorder.reset({"GPU:0": GPU_SOURCES, "host": HOST_SOURCES})
-    for i in range(n):
-        rows = [gpu_row(i, spike=i == 2), host_row(i)]
-        batch = None if i == 0 else i - 1
-        recorder.append(0, batch, "train", i * 0.25, rows)
-        log.write_text(log.format(i, 0, batch, "train", i * 0.25, ("GPU:0", "host"), rows))
+    samples = [(i, 0, None if i == 0 else i - 1, phase_of(i), i * 0.25,
+                [gpu_row(i, spike=i == 2), host_row(i)]) for i in range(n)]
+    for start in range(0, n, block):
+        part = block_of(samples[start:start + block], [GPU_SOURCES, HOST_SOURCES])
+        recorder.extend(part)
+        log.write_text(log.format(part, DEVICES, LAYOUT))
     return log, recorder
 
 
@@ -37,6 +43,23 @@ def test_log_reads_back_equal_to_the_recorder(tmp_path):
     log, recorder = write_both(tmp_path / "m.csv", 5)
     log.close()
     pd.testing.assert_frame_equal(load_log(tmp_path / "m.csv"), recorder.to_dataframe())
+
+
+def test_a_block_of_mixed_phases_reads_back_equal_to_the_recorder(tmp_path):
+    log, recorder = write_both(tmp_path / "m.csv", 9, block=4,
+                               phase_of=lambda i: "test" if i % 3 == 2 else "train")
+    log.close()
+    frame = load_log(tmp_path / "m.csv")
+    pd.testing.assert_frame_equal(frame, recorder.to_dataframe())
+    assert (frame["phase"] == "test").sum() == 6
+
+
+def test_missing_values_are_empty_fields_and_times_keep_microseconds(tmp_path):
+    log, _ = write_both(tmp_path / "m.csv", 2)
+    log.close()
+    first = (tmp_path / "m.csv").read_text().splitlines()[1]
+    # step, epoch, no batch, phase, device, time, peak, current, no baseline
+    assert first.startswith("0,0,,train,GPU:0,0.000000,200,100,,0,,100,200,,,")
 
 
 def test_each_sample_is_on_disk_before_the_next(tmp_path):
@@ -161,7 +184,9 @@ def write_process(path, process, host, n=4, spike_at=None):
         rows = [gpu_row(i + 10 * process, spike=i == spike_at),
                 host_row(i + 10 * process)]
         batch = None if i == 0 else i - 1
-        log.write_text(log.format(i, 0, batch, "train", i * 0.25, ("GPU:0", "host"), rows))
+        part = block_of([(i, 0, batch, "train", i * 0.25, rows)],
+                        [GPU_SOURCES, HOST_SOURCES])
+        log.write_text(log.format(part, DEVICES, LAYOUT))
     log.close()
     return str(path)
 

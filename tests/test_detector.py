@@ -537,3 +537,45 @@ def test_rolling_median_follows_the_last_window_values():
 
     median = RollingMedian(3)
     assert [median.push(v) for v in (5, 1, 9, 7, 8, 2)] == [5, 3, 5, 7, 8, 7]
+
+
+def block_trace(seed: int) -> np.ndarray:
+    """Integer peaks with what a fit shows: noise, isolated spikes, bursts,
+    a new level, and a fall back."""
+    rng = np.random.default_rng(seed)
+    trace = rng.normal(300, 6, 600) * MIB
+    trace[rng.choice(600, 12, replace=False)] *= 3  # isolated spikes
+    trace[200:208] *= 2.5  # a burst
+    trace[350:450] += 400 * MIB  # a new level, then back
+    return trace.astype(np.int64)
+
+
+@pytest.mark.parametrize("window, warmup", [(50, 5), (7, 0), (4, 9)])
+@pytest.mark.parametrize("block", [1, 3, 32, 600])
+def test_a_block_at_a_time_judges_exactly_as_one_at_a_time(window, warmup, block):
+    trace = block_trace(window + block)
+    one = SpikeDetector(window, 1.5, 64, warmup)
+    many = SpikeDetector(window, 1.5, 64, warmup)
+    spikes, baselines = [], []
+    for start in range(0, len(trace), block):
+        s, b = many.update_many(trace[start:start + block])
+        spikes += s.tolist()
+        baselines += b.tolist()
+    for value, spike, baseline in zip(trace.tolist(), spikes, baselines):
+        assert one.update(value) == spike
+        expected = math.nan if one.baseline is None else one.baseline
+        assert baseline == pytest.approx(expected, nan_ok=True)
+    assert many.baseline == one.baseline
+    assert sum(spikes) > 12  # the trace has spikes to find
+
+
+@pytest.mark.parametrize("block", [1, 5, 64])
+def test_drift_fed_a_block_at_a_time_sees_what_it_sees_one_at_a_time(block):
+    rng = np.random.default_rng(block)
+    trace = ((rng.normal(300, 6, 600) + np.arange(600) / 2) * MIB).astype(np.int64)
+    one, many = DriftMonitor(64, smooth=50), DriftMonitor(64, smooth=50)
+    for start in range(0, len(trace), block):
+        many.update_many(trace[start:start + block])
+    for value in trace.tolist():
+        one.update(value)
+    assert many.end_epoch() == one.end_epoch() is not None

@@ -7,14 +7,17 @@ import numpy as np
 from keras_memwatch import columns as C
 from keras_memwatch.recorder import Recorder, empty_frame
 
-from conftest import GPU_SOURCES, HOST_SOURCES, gpu_row, host_row
+from conftest import GPU_SOURCES, HOST_SOURCES, block_of, gpu_row, host_row
 
-def filled(n, max_rows=None):
+
+def filled(n, max_rows=None, block=3):
     recorder = Recorder(max_rows)
     recorder.reset({"GPU:0": GPU_SOURCES, "host": HOST_SOURCES})
-    for i in range(n):
-        recorder.append(0, None if i == 0 else i - 1, "train", i * 0.5,
-                        [gpu_row(i, spike=i == 3), host_row(i)])
+    samples = [(i, 0, None if i == 0 else i - 1, "train", i * 0.5,
+                [gpu_row(i, spike=i == 3), host_row(i)]) for i in range(n)]
+    for start in range(0, n, block):
+        recorder.extend(block_of(samples[start:start + block],
+                                 [GPU_SOURCES, HOST_SOURCES]))
     return recorder
 
 
@@ -62,6 +65,16 @@ def test_ring_keeps_the_newest_rows_with_their_steps():
     assert len(recorder) == 8
 
 
+def test_a_ring_holds_at_most_about_twice_its_rows():
+    recorder = filled(3000, max_rows=500, block=7)
+    assert recorder.to_dataframe()["step"].tolist()[::2] == list(range(2500, 3000))
+    for more in range(1, 4):
+        recorder.extend(block_of([(0, 0, 0, "train", 0.0, [gpu_row(0), host_row(0)])]
+                                 * 300, [GPU_SOURCES, HOST_SOURCES]))
+        assert recorder._blocks.kept <= 2 * 500 + 300
+        assert len(recorder) == 2 * 500
+
+
 def test_reset_forgets_everything():
     recorder = filled(3)
     recorder.reset({"host": HOST_SOURCES})
@@ -80,7 +93,8 @@ def test_concurrent_appends_lose_nothing():
 
     def work(offset):
         for i in range(2000):
-            recorder.append(0, offset + i, "train", 0.0, [host_row(offset + i)])
+            recorder.extend(block_of([(0, 0, offset + i, "train", 0.0,
+                                       [host_row(offset + i)])], [HOST_SOURCES]))
 
     threads = [threading.Thread(target=work, args=(k * 10000,)) for k in range(4)]
     for t in threads:
@@ -92,12 +106,12 @@ def test_concurrent_appends_lose_nothing():
     assert frame["batch"].is_unique
 
 
-def test_builds_a_million_rows():
+def test_builds_a_million_rows_from_small_blocks():
     recorder = Recorder()
     recorder.reset({"host": HOST_SOURCES})
-    row = host_row(1)
-    for i in range(1_000_000):
-        recorder.append(0, i, "train", 0.0, [row])
+    block = block_of([(0, 0, 1, "train", 0.0, [host_row(1)])] * 10, [HOST_SOURCES])
+    for i in range(100_000):
+        recorder.extend(block)
     frame = recorder.to_dataframe()
     assert len(frame) == 1_000_000
     assert frame["step"].iloc[-1] == 999_999
