@@ -195,9 +195,16 @@ def _wait(model: Any, backend: str) -> None:
 
 def trial(name: str, batch: int, backend: str, watch_dir: Optional[str] = None,
           limit_bytes: Optional[int] = None, steps: int = STEPS,
-          how: str = "fit") -> dict[str, Any]:
+          how: str = "fit", warm: int = 0, clear_workspaces: bool = False,
+          build_optimizer: bool = False) -> dict[str, Any]:
     """Builds a fresh model and trains `steps` steps of `batch` with `fit`
-    (or `train_on_batch`): ran or oom."""
+    (or `train_on_batch`): ran or oom.
+
+    With `warm`, the model first trains one step of `warm` samples and the
+    allocator's cache is emptied (after cuBLAS's workspaces are freed, with
+    `clear_workspaces`; PyTorch): what an estimate's process has done
+    before its real steps. With `build_optimizer`, the optimizer's variables
+    are made before the first step instead of in it."""
     from keras_memwatch.oom import is_oom_error
 
     began = time.perf_counter()
@@ -205,6 +212,19 @@ def trial(name: str, batch: int, backend: str, watch_dir: Optional[str] = None,
     model = None
     try:
         model = build(name)
+        if build_optimizer:
+            model.optimizer.build(model.trainable_variables)
+        if warm:
+            xw, yw = data(name, warm)
+            model.train_on_batch(xw, yw)
+            _wait(model, backend)
+            del xw, yw
+            if backend == "torch":
+                import torch
+
+                if clear_workspaces:
+                    torch._C._cuda_clearCublasWorkspaces()
+                torch.cuda.empty_cache()
         x, y = data(name, batch * steps)
         if backend == "torch":
             import torch
@@ -580,6 +600,15 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help=f"steps of a --trial (default {STEPS})")
     parser.add_argument("--trial-how", choices=("fit", "train_on_batch"),
                         default="fit", help="how a --trial trains (default fit)")
+    parser.add_argument("--trial-warm", type=int, default=0, metavar="N",
+                        help="a --trial first trains one step of N samples and "
+                             "empties the allocator's cache")
+    parser.add_argument("--trial-clear-workspaces", action="store_true",
+                        help="with --trial-warm on PyTorch: free cuBLAS's "
+                             "workspaces before emptying the cache")
+    parser.add_argument("--trial-build-optimizer", action="store_true",
+                        help="a --trial makes the optimizer's variables before "
+                             "its first step")
     parser.add_argument("--cpu-as-limit-mb", type=float, default=None,
                         help="smoke test on a CPU: cap the address space this many "
                              "MiB above its size now (RLIMIT_AS), after imports")
@@ -597,7 +626,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.cpu_as_limit_mb:
             _cap_address_space(args.cpu_as_limit_mb)
         print(json.dumps(trial(name, batch, backend, None, config.limit_bytes(0),
-                               args.trial_steps, args.trial_how)))
+                               args.trial_steps, args.trial_how, args.trial_warm,
+                               args.trial_clear_workspaces,
+                               args.trial_build_optimizer)))
         return 0
     log(str(config))
     limit_bytes = config.limit_bytes(0)

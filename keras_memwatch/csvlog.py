@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from keras_memwatch import columns as C
-from keras_memwatch.block import MISSING, Block
+from keras_memwatch.block import Block
 from keras_memwatch.recorder import empty_frame, normalize_dtypes
 
 logger = logging.getLogger("keras_memwatch")

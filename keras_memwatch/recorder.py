@@ -125,26 +125,31 @@ class Recorder:
             "batch": _nullable(batch),
             "phase": pd.Categorical.from_codes(phase, categories=list(C.PHASES)),
         }
-        frames = [self._device_frame(device, meta, time_s, table, spikes, names)
-                  for device, table, spikes, names in zip(
-                      self.devices, rest[:d], rest[d:], self._columns)]
+        frames = [self._device_frame(k, meta, time_s, table, spikes, names)
+                  for k, (table, spikes, names) in enumerate(zip(
+                      rest[:d], rest[d:], self._columns))]
         frame = pd.concat(frames, ignore_index=True)
         # Interleave devices so rows run step by step, devices in order.
         order = np.arange(n * d).reshape(d, n).T.ravel()
         frame = frame.take(order).reset_index(drop=True)
-        frame["device"] = pd.Categorical(frame["device"], categories=self.devices)
+        frame["device"] = pd.Categorical.from_codes(
+            frame["device"].to_numpy(np.int16), categories=list(self.devices))
         return frame
 
-    def _device_frame(self, device: str, meta: dict, time_s: np.ndarray,
+    def _device_frame(self, k: int, meta: dict, time_s: np.ndarray,
                       table: np.ndarray, spikes: np.ndarray,
                       names: Sequence[str]) -> pd.DataFrame:
+        """Device `k`'s rows; its `device` column is `k` (made categorical
+        once the devices are interleaved)."""
         n = len(table)
-        data: dict[str, object] = dict(meta, device=device, time_s=time_s)
+        by_column = np.ascontiguousarray(table.T)  # a copy the frame owns
+        data: dict[str, object] = dict(meta, device=k, time_s=time_s)
         for name in C.COLUMNS[6:-len(C.PROCESS_COLUMNS)]:
             if name == "spike":
                 data[name] = spikes
             elif name in names:
-                data[name] = _nullable(table[:, names.index(name)])
+                values = by_column[names.index(name)]
+                data[name] = pd.arrays.IntegerArray(values, values == MISSING)
             else:
                 data[name] = _missing(n)
         data["process"] = np.full(n, self.process, dtype=np.int64)

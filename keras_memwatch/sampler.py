@@ -1,9 +1,9 @@
 """Reads every probe once per sample, isolating their faults.
 
 The sampler turns a block of the probes' readings into one table per device
-(see `block`): its source columns plus `current_bytes` and `peak_bytes`, the
-best value each sample has. Where no peak since the previous sample can be known,
-`peak_bytes` is missing: the memory in use at a batch's end is not a peak (on
+(see `block`): its source columns plus `current_bytes` and `peak_bytes`,
+the best value each sample has. Where no peak since the previous sample
+can be known, `peak_bytes` is missing: the memory in use at a batch's end is not a peak (on
 an asynchronous backend it jitters by the step in flight), and judging it
 would raise alarms that no source backs. A probe that raises, returns
 garbage or is too slow gives missing values, is reported once per fit, and
@@ -24,7 +24,6 @@ import numpy as np
 from keras_memwatch import columns as C
 from keras_memwatch.block import (CURRENT, MISSING, PEAK, last_present_before,
                                   rows_of, table_columns)
-from keras_memwatch.columns import DERIVED_COLUMNS
 from keras_memwatch.probes.base import Probe, ProbeUnavailable
 
 logger = logging.getLogger("keras_memwatch")
@@ -222,8 +221,7 @@ class Sampler:
         is judged against the previous one).
         """
         n = len(raws)
-        tables = [np.full((n, len(DERIVED_COLUMNS) + len(self.device_columns[d])),
-                          MISSING, np.int64) for d in self.devices]
+        tables = [np.full((n, len(names)), MISSING, np.int64) for names in self.layout]
         for p, (probe, slots) in enumerate(self._active):
             readings = [raw[p] for raw in raws]
             read = [i for i, r in enumerate(readings)
