@@ -196,15 +196,17 @@ def _wait(model: Any, backend: str) -> None:
 def trial(name: str, batch: int, backend: str, watch_dir: Optional[str] = None,
           limit_bytes: Optional[int] = None, steps: int = STEPS,
           how: str = "fit", warm: int = 0, clear_workspaces: bool = False,
-          build_optimizer: bool = False) -> dict[str, Any]:
+          build_optimizer: bool = False, warm_how: str = "train_on_batch"
+          ) -> dict[str, Any]:
     """Builds a fresh model and trains `steps` steps of `batch` with `fit`
     (or `train_on_batch`): ran or oom.
 
     With `warm`, the model first trains one step of `warm` samples and the
     allocator's cache is emptied (after cuBLAS's workspaces are freed, with
     `clear_workspaces`; PyTorch): what an estimate's process has done
-    before its real steps. With `build_optimizer`, the optimizer's variables
-    are made before the first step instead of in it."""
+    before its real steps (`warm_how="predict"`: a forward pass only). With
+    `build_optimizer`, the optimizer's variables are made before the first
+    step instead of in it."""
     from keras_memwatch.oom import is_oom_error
 
     began = time.perf_counter()
@@ -216,7 +218,10 @@ def trial(name: str, batch: int, backend: str, watch_dir: Optional[str] = None,
             model.optimizer.build(model.trainable_variables)
         if warm:
             xw, yw = data(name, warm)
-            model.train_on_batch(xw, yw)
+            if warm_how == "predict":
+                model.predict(xw, verbose=0)
+            else:
+                model.train_on_batch(xw, yw)
             _wait(model, backend)
             del xw, yw
             if backend == "torch":
@@ -606,6 +611,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--trial-clear-workspaces", action="store_true",
                         help="with --trial-warm on PyTorch: free cuBLAS's "
                              "workspaces before emptying the cache")
+    parser.add_argument("--trial-warm-how", choices=("train_on_batch", "predict"),
+                        default="train_on_batch",
+                        help="what the --trial-warm step runs")
     parser.add_argument("--trial-build-optimizer", action="store_true",
                         help="a --trial makes the optimizer's variables before "
                              "its first step")
@@ -628,7 +636,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(json.dumps(trial(name, batch, backend, None, config.limit_bytes(0),
                                args.trial_steps, args.trial_how, args.trial_warm,
                                args.trial_clear_workspaces,
-                               args.trial_build_optimizer)))
+                               args.trial_build_optimizer, args.trial_warm_how)))
         return 0
     log(str(config))
     limit_bytes = config.limit_bytes(0)
