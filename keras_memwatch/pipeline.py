@@ -85,6 +85,7 @@ class Pipeline:
         #: the training thread, without a lock.
         self.expect = self._sequence.expect
         self.events: list[SpikeEvent] = []  # new spikes, for on_spike
+        self._judge_failed = False
         self.step = 0
         self.epoch_peak: Optional[int] = None
         self.last_current: Optional[int] = None
@@ -167,7 +168,13 @@ class Pipeline:
                 if plan is not None:
                     plans[:, i] = plan.total_bytes, plan.working_bytes
             compiled = self._compiled_since(read_at)
-        self.events.extend(self.monitor.judge(block, judged, plans, compiled))
+        try:
+            self.events.extend(self.monitor.judge(block, judged, plans, compiled))
+        except Exception as e:  # a fault in judging loses no row
+            if not self._judge_failed:
+                self._judge_failed = True
+                logger.warning("MemWatch could not judge samples (%r); they are "
+                               "recorded unjudged", e, exc_info=True)
         self.recorder.extend(block)
         if self.log is not None:
             self._stream(self.log.format(block, self.sampler.devices,

@@ -45,6 +45,24 @@ def test_samples_are_recorded_in_the_order_they_were_read_once_drained():
     assert frame["current_bytes"].tolist() == [i * MIB for i in range(40)]
 
 
+def test_a_fault_in_judging_loses_no_row(memwatch_logs):
+    pipe, sampler, recorder, lock = started([(i * MIB, i * MIB) for i in range(20)])
+
+    def broken(*args):
+        raise RuntimeError("judging broke")
+
+    pipe.monitor.judge = broken
+    for batch in range(20):
+        put(pipe, sampler, lock, batch)
+        if batch % 7 == 6:
+            pipe.drain()
+    pipe.drain()
+    frame = recorder.to_dataframe()
+    assert frame["batch"].tolist() == list(range(20))
+    assert frame["baseline_bytes"].isna().all()
+    assert memwatch_logs.text.count("could not judge samples") == 1
+
+
 def test_the_thread_drains_within_its_interval_without_being_asked():
     pipe, sampler, recorder, lock = started([(MIB, MIB)], interval_s=0.05)
     pipe.start()
