@@ -106,10 +106,14 @@ def run_parts(parts: list[str], quick: bool, models: list[str],
             wanted += list(A.ABLATIONS)
         if "peers" in parts:
             wanted += ["sync", "nvidia_smi", "memory_stats", "stormlog"]
+        only = overrides.get("overhead", {}).get("arms")
+        if only:  # a subset, for many rounds of a few arms
+            wanted = [a for a in wanted if a in only or a == "none"]
         arm_names = [a for a in wanted if available[a] is None]
         out["skipped_arms"] = {a: available[a] for a in wanted
                                if available[a] is not None}
         size = {**_sizes("overhead", quick, gpu), **overrides.get("overhead", {})}
+        size.pop("arms", None)
         out["overhead"] = {}
         for model in models:
             log(f"[{out['backend']}] overhead, {model}: {size}")

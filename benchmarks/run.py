@@ -135,7 +135,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--timeout", type=int, default=3600,
                         help="seconds allowed per child process")
     parser.add_argument("--overrides", type=json.loads, default=None,
-                        help='sizes, as JSON: {"overhead": {"reps": 9}}')
+                        help='sizes, as JSON: {"overhead": {"reps": 9}}; '
+                             '"arms": [...] in "overhead" runs only those arms '
+                             '(and no callback)')
     parser.add_argument("--threads", type=int, default=None,
                         help="compute threads per framework (OMP, MKL, "
                              "TensorFlow intra-op, torch.set_num_threads); "
