@@ -363,12 +363,18 @@ def minimal_hook_class():
     keras = import_keras()
 
     class MinimalHook(keras.callbacks.Callback):
+        """`end_ns` times the reads inside the hook; `begin_ns` and `call_ns`
+        time the two hooks as `TimedMemWatch` times MemWatch's: around a call
+        into the callback's own method (a no-op for the begin hook)."""
+
         async_safe = True
 
         def __init__(self, per_probe: bool = False):
             super().__init__()
             self.per_probe = per_probe
             self.end_ns: list[int] = []
+            self.begin_ns: list[int] = []
+            self.call_ns: list[int] = []
             self.probe_ns: dict[str, list] = {}
             self.epoch_marks: list[tuple[int, int]] = []
 
@@ -386,7 +392,17 @@ def minimal_hook_class():
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch_marks.append((epoch, len(self.end_ns)))
 
+        def on_train_batch_begin(self, batch, logs=None):
+            t = thread_ns()
+            super().on_train_batch_begin(batch, logs)
+            self.begin_ns.append(thread_ns() - t)
+
         def on_train_batch_end(self, batch, logs=None):
+            t = thread_ns()
+            self._read_all()
+            self.call_ns.append(thread_ns() - t)
+
+        def _read_all(self):
             t = thread_ns()
             for read in self._reads:
                 read()

@@ -174,6 +174,7 @@ class MemWatch(keras.callbacks.Callback):
         self._monitor: Optional[SpikeMonitor] = None
         self._pipe: Optional[Pipeline] = None
         self._training = False
+        self._in_order = False
         self._faults: set[str] = set()
 
     # -- Keras hooks -------------------------------------------------------
@@ -204,6 +205,9 @@ class MemWatch(keras.callbacks.Callback):
                 self.log_paths.append(log.path)
         self._spe = max(int(getattr(self.model, "steps_per_execution", 1) or 1), 1)
         self._every = self.every_n_batches == 1 and self._spe == 1
+        # Hooks on the training thread run in batch order: nothing to
+        # announce, and the batch-end hook can do the begin hook's chores.
+        self._in_order = not self.async_safe
         self._epoch = 0
         self._t0 = time.perf_counter()
         primary = devices.index(main_device(devices)) if devices else 0
@@ -261,14 +265,11 @@ class MemWatch(keras.callbacks.Callback):
         return (batch + 1) // n > (batch + 1 - self._spe) // n
 
     def _expect(self, phase: str, begin: int) -> None:
-        if not self._training:
+        if not self._training or self._in_order:
             return
         try:
+            self._chores()
             pipe = self._pipe
-            if len(pipe.pending) >= pipe.overdue_at:  # its thread fell behind
-                pipe.drain()
-            if pipe.events:
-                self._deliver()
             end = begin + self._spe - 1
             key = (phase, self._epoch, end) if self._every or self._due(end) else None
             if key is not None:
@@ -282,6 +283,8 @@ class MemWatch(keras.callbacks.Callback):
         if not self._training:
             return
         try:
+            if self._in_order:
+                self._chores()
             if not (self._every or self._due(batch)):
                 return
             key = (phase, self._epoch, batch)
@@ -295,6 +298,15 @@ class MemWatch(keras.callbacks.Callback):
                 self._metrics.add(key, raw, logs)
         except Exception as e:
             self._fault("on_batch_end", e)
+
+    def _chores(self) -> None:
+        """On the training thread: drains if the pipeline's thread fell
+        behind, and calls `on_spike` with the spikes found."""
+        pipe = self._pipe
+        if len(pipe.pending) >= pipe.overdue_at:
+            pipe.drain()
+        if pipe.events:
+            self._deliver()
 
     def _fault(self, where: str, error: Exception) -> None:
         if where not in self._faults:

@@ -14,7 +14,8 @@ The thread drains every `interval_s` (0.1 s), and as soon as `block` (128)
 samples wait; should it fall behind, the training thread drains itself once
 `2 * block` wait (`overdue`). So a sample is judged, recorded, streamed and
 alerted on within 0.1 s or 256 sampled batches of its read, whichever comes
-first, and `on_spike` is called at the next batch begin after that: a
+first, and `on_spike` is called at the next batch begin after that (batch
+end, where the hooks run in order on the training thread): a
 `kill -9` loses at most the rows of the last 0.1 s (the row in flight, when
 steps are slower than that).
 """

@@ -43,7 +43,7 @@ def test_hook_cost_has_memwatch_minimal_and_each_probe():
     out = run_hook_cost(gpu=False, reps=2, steps=3, epochs=2)
     assert "host" in out["probes"]
     for key in ("memwatch_us", "minimal_us", "ratio", "memwatch_begin_us",
-                "memwatch_end_us"):
+                "memwatch_end_us", "minimal_called_us", "ratio_called"):
         assert positive(out[key]), key
     probe = out["per_probe"]["host"]
     assert positive(probe["hot_loop_us"])

@@ -228,6 +228,7 @@ def test_hooks_on_many_threads_lose_reorder_or_duplicate_nothing():
     """10,000 steps with batch-end hooks on 8 worker threads, as Keras's
     async dispatch runs them."""
     watch = MemWatch(probes=[FakeProbe([(100, 200)]), "host"], verbose=0)
+    watch.async_safe = True  # Keras dispatches only async-safe hooks so
     watch.set_model(tiny_model())
     watch.on_train_begin()
     steps = 10_000
