@@ -87,3 +87,9 @@ def last_present_before(values: np.ndarray, first: int) -> np.ndarray:
     np.maximum.accumulate(where, out=where)
     where = before_each(where, -1)
     return np.where(where >= 0, values[where], first)
+
+
+def last_present(values: np.ndarray, first: Optional[int]) -> Optional[int]:
+    """The last value not missing, or `first` where there is none."""
+    present = values[values >= 0]
+    return int(present[-1]) if len(present) else first

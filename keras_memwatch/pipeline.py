@@ -25,7 +25,7 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -137,13 +137,17 @@ class Pipeline:
             if not arrived:
                 return
             arrive = self._sequence.arrive
-            try:
-                block = [due for key, read_at, raw in arrived
-                         for due in arrive(key, (read_at, raw))]
-                self._process(block)
-            except Exception as e:  # never into training; keep the rows
-                logger.warning("MemWatch could not process %d samples (%r)",
-                               len(arrived), e, exc_info=True)
+            self._process_safely(lambda: [due for key, read_at, raw in arrived
+                                          for due in arrive(key, (read_at, raw))])
+
+    def _process_safely(self, due: Callable[[], list]) -> None:
+        """Processes the pairs `due()` returns; a fault never reaches
+        training."""
+        try:
+            self._process(due())
+        except Exception as e:
+            logger.warning("MemWatch could not process samples (%r)", e,
+                           exc_info=True)
 
     def _process(self, due: list) -> None:
         n = len(due)
@@ -219,11 +223,7 @@ class Pipeline:
         keys are the last of a phase: Keras has run every hook before)."""
         with self._drain_lock:
             self.drain()
-            try:
-                self._process(self._sequence.flush())
-            except Exception as e:
-                logger.warning("MemWatch could not process samples (%r)", e,
-                               exc_info=True)
+            self._process_safely(self._sequence.flush)
 
     def end_epoch(self, epoch: int) -> None:
         """Flushes, then closes the epoch for the monitor (drift, bursts)."""

@@ -3,9 +3,9 @@
 The sampler turns a block of the probes' readings into one table per device
 (see `block`): its source columns plus `current_bytes` and `peak_bytes`,
 the best value each sample has. Where no peak since the previous sample
-can be known, `peak_bytes` is missing: the memory in use at a batch's end is not a peak (on
-an asynchronous backend it jitters by the step in flight), and judging it
-would raise alarms that no source backs. A probe that raises, returns
+can be known, `peak_bytes` is missing: the memory in use at a batch's end
+is not a peak (on an asynchronous backend it jitters by the step in
+flight), and judging it would raise alarms that no source backs. A probe that raises, returns
 garbage or is too slow gives missing values, is reported once per fit, and
 is switched off after `max_failures` failures in a row; nothing it does
 escapes `sample()`.
@@ -22,8 +22,8 @@ from typing import Callable, Optional
 import numpy as np
 
 from keras_memwatch import columns as C
-from keras_memwatch.block import (CURRENT, MISSING, PEAK, last_present_before,
-                                  rows_of, table_columns)
+from keras_memwatch.block import (CURRENT, MISSING, PEAK, last_present,
+                                  last_present_before, rows_of, table_columns)
 from keras_memwatch.probes.base import Probe, ProbeUnavailable
 
 logger = logging.getLogger("keras_memwatch")
@@ -255,9 +255,10 @@ class Sampler:
         except (ValueError, TypeError, OverflowError):
             fast = False
         if fast:
+            rows = np.asarray(at)[:, None]
             for slot, (device, columns) in enumerate(places):
                 if device >= 0:
-                    tables[device][np.asarray(at)[:, None], columns] = values[:, slot]
+                    tables[device][rows, columns] = values[:, slot]
             return
         for i, readings_i in zip(at, readings):
             count = len(readings_i) if isinstance(readings_i, (tuple, list)) else None
@@ -285,9 +286,7 @@ class Sampler:
             return values
         last = self._high_water[i]
         marks = last_present_before(values, MISSING if last is None else last)
-        present = values[values >= 0]
-        if len(present):
-            self._high_water[i] = int(present[-1])
+        self._high_water[i] = last_present(values, last)
         return np.where((marks >= 0) & (values > marks), values, MISSING)
 
     def _checked(self, probe: Probe, col: str, value: object) -> Optional[int]:

@@ -28,8 +28,8 @@ class Sequencer:
     order they were taken.
 
     `expect` is called on the training thread without a lock; `arrive` and
-    `flush` by the caller holding the lock under which it reads, so that
-    arrivals are in read order.
+    `flush` from one thread at a time, with the reads handed in the order
+    they were taken.
     """
 
     def __init__(self) -> None:

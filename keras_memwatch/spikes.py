@@ -30,7 +30,8 @@ from typing import Optional
 import numpy as np
 
 from keras_memwatch.block import (BASELINE, CURRENT, MISSING, PEAK, PLAN, Block,
-                                  before_each, last_present_before, optional)
+                                  before_each, last_present, last_present_before,
+                                  optional)
 from keras_memwatch.derived import working_memory
 from keras_memwatch.detector import DriftMonitor, SpikeDetector
 from keras_memwatch.events import DriftEvent, RiseEvent, SpikeEvent
@@ -165,12 +166,9 @@ class SpikeMonitor:
         marks = np.full(len(table), MISSING, np.int64)
         if self._peak_at[i] is not None:
             mark = self._marks[i]
-            marks = last_present_before(table[:, self._peak_at[i]],
-                                        MISSING if mark is None else mark)
-            present = table[:, self._peak_at[i]]
-            present = present[present >= 0]
-            if len(present):
-                self._marks[i] = int(present[-1])
+            sources = table[:, self._peak_at[i]]
+            marks = last_present_before(sources, MISSING if mark is None else mark)
+            self._marks[i] = last_present(sources, mark)
         self._drift[i].update_many(current[judged & (current >= 0)])
 
         fate = np.full(len(table), _ENDS, np.int8)
