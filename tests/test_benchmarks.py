@@ -118,6 +118,30 @@ def test_runner_quick_prints_a_table_and_writes_json(tmp_path):
     assert "### Overhead on training" in render(merged)
 
 
+def test_overhead_runs_only_the_arms_asked_for_beside_no_callback():
+    from benchmarks.child import run_parts
+
+    out = run_parts(["overhead"], True, ["mlp"], {"overhead": {"arms": ["reads"]}})
+    assert set(out["overhead"]["mlp"]["arms"]) == {"none", "reads"}
+
+
+def test_a_fresh_process_trial_can_warm_up_first():
+    """`--trial-warm` with a forward pass, and the optimizer built first:
+    the options of issue 15's cold-start trials run and still train."""
+    backend = os.environ.get("KERAS_BACKEND")
+    if backend not in ("jax", "torch"):
+        pytest.skip("verify_capacity runs on JAX or PyTorch")
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.verify_capacity", "--tiny",
+         "--trial", "transformer_tiny", "4", "--trial-warm", "2",
+         "--trial-warm-how", "predict", "--trial-build-optimizer"],
+        cwd=str(ROOT), capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["result"] == "ran", result
+
+
 def test_verify_capacity_tiny_prints_the_table_and_writes_json(tmp_path):
     """The GPU check of issue 15, in its tiny CPU mode: estimate, the
     recommendation trained in a fresh process, a bounded search."""
