@@ -1,7 +1,7 @@
 """Checks `estimate_max_batch_size` against reality on a GPU (issues 8, 15).
 
-For each model (a transformer on token inputs, a convnet and a
-transformer-like block), under a memory limit set with
+For each model (a transformer on token inputs, a convnet, a
+transformer-like block and a small ResNet), under a memory limit set with
 `configure_memory(memory_limit_mb=...)`:
 
 1. estimate the largest batch, each model in turn, in this process, timed
@@ -84,6 +84,8 @@ def build(name: str) -> Any:
         outputs = layers.Dense(10)(h)
     elif name in ("transformer", "transformer_tiny"):
         return build_transformer(name)
+    elif name in ("resnet", "resnet_tiny"):
+        return build_resnet(name)
     elif name in ("block", "block_tiny"):
         seq, dim = (256, 256) if name == "block" else (64, 32)
         inputs = keras.Input((seq, dim))
@@ -139,9 +141,41 @@ def build_transformer(name: str) -> Any:
     return model
 
 
+def build_resnet(name: str) -> Any:
+    """A small ResNet (written after `fresh_process`, to test it on a model it
+    was not tuned on): a 7x7 stem, three stages of two residual blocks with
+    batch normalization (64, 128, 256 filters), SGD with momentum."""
+    import keras
+    from keras import layers
+
+    inputs = keras.Input(sample_shape(name))
+    widths = (64, 128, 256) if name == "resnet" else (8, 16)
+    h = layers.Conv2D(widths[0], 7, strides=2, padding="same", use_bias=False)(inputs)
+    h = layers.ReLU()(layers.BatchNormalization()(h))
+    for stage, width in enumerate(widths):
+        for block in range(2):
+            strides = 2 if stage and not block else 1
+            shortcut = h
+            r = layers.Conv2D(width, 3, strides=strides, padding="same",
+                              use_bias=False)(h)
+            r = layers.ReLU()(layers.BatchNormalization()(r))
+            r = layers.Conv2D(width, 3, padding="same", use_bias=False)(r)
+            r = layers.BatchNormalization()(r)
+            if strides != 1 or shortcut.shape[-1] != width:
+                shortcut = layers.Conv2D(width, 1, strides=strides,
+                                         use_bias=False)(shortcut)
+            h = layers.ReLU()(layers.Add()([shortcut, r]))
+    h = layers.GlobalAveragePooling2D()(h)
+    model = keras.Model(inputs, layers.Dense(10)(h), name=name)
+    model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
 def sample_shape(name: str) -> tuple[int, ...]:
     return {"conv": (64, 64, 3), "block": (256, 256), "conv_tiny": (32, 32, 1),
-            "block_tiny": (64, 32)}[name]
+            "block_tiny": (64, 32), "resnet": (96, 96, 3),
+            "resnet_tiny": (32, 32, 1)}[name]
 
 
 def data(name: str, n: int) -> tuple[Any, Any]:

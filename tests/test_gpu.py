@@ -79,3 +79,27 @@ def test_data_parallel_over_two_gpus_flags_every_oversized_batch_on_both():
         assert len(result["plan_mib_by_device"][device]) == 2
     uniform = _scenario("--data-parallel", "--uniform")
     assert uniform["flagged_by_device"] == {}
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch",
+                    reason="new-process trials are PyTorch's")
+def test_a_new_process_under_the_cap_trains_small_batches_and_fails_large_ones():
+    from keras_memwatch.capacity.batches import Batches
+    from keras_memwatch.capacity.fresh_process import FreshProcessSteps
+
+    model = keras.Sequential([keras.Input((4096,)), keras.layers.Dense(4096),
+                              keras.layers.Dense(10)])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x = np.ones((8, 4096), "float32")
+    y = np.zeros((8,), "int32")
+    trials, cap = [], 512 * MIB
+    steps, why = FreshProcessSteps.prepare(model, Batches(x, y), cap, 0, trials, print)
+    assert steps is not None, why
+    try:
+        assert steps.run(32, "boundary")
+        assert not steps.run(65536, "boundary")  # 1 GiB of inputs alone
+    finally:
+        steps.close()
+    small, large = trials
+    assert 0 < small.reserved_peak_bytes <= cap
+    assert large.error == "OutOfMemoryError"

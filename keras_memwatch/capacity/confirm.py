@@ -18,7 +18,12 @@ So, once the line is fitted:
    over the line's working memory there), and it is trained for real
    before it is reported; an out-of-memory error there steps it down
    by 5% (at most `MAX_DOWN` times).
-3. On PyTorch, where `expandable_segments` is off and torch can switch it
+3. On PyTorch the boundary is searched once more in new processes, from
+   the one found here down (at most `MAX_FRESH` sizes), and the
+   recommendation is scaled from that boundary and trained in a new
+   process: a process that has trained can fit more than a job started
+   afresh (`fresh_process`).
+4. On PyTorch, where `expandable_segments` is off and torch can switch it
    at run time, the boundary search is repeated with it on, upwards from
    the smallest size that failed without it (at most `MAX_EXPANDABLE`
    steps), and the setting is put back.
@@ -40,6 +45,7 @@ from typing import Any, Callable, Optional
 from keras_memwatch import columns as C
 from keras_memwatch.capacity.allocator import STEPS_PER_SIZE, TorchCache, read_settings
 from keras_memwatch.capacity.batches import Batches
+from keras_memwatch.capacity.fresh_process import FreshProcessError, FreshProcessSteps
 from keras_memwatch.capacity.meter import Meter
 from keras_memwatch.capacity.result import LIMIT_ALLOCATOR, CapacityEstimate, Trial
 from keras_memwatch.oom import is_oom_error
@@ -50,6 +56,7 @@ logger = logging.getLogger("keras_memwatch")
 MAX_STEPS = 8  # sizes tried by the boundary search
 MAX_DOWN = 4  # steps down from a recommendation that ran out of memory
 MAX_EXPANDABLE = 4  # real steps with expandable_segments on
+MAX_FRESH = 6  # sizes tried in new processes
 RESOLUTION = 0.01
 DOWN = 0.95  # a recommendation that failed is stepped down by this
 
@@ -219,7 +226,8 @@ class RealSteps:
 def confirm_by_training(estimate: CapacityEstimate, model: Any, data: Batches,
                         meter: Meter, cache: Optional[TorchCache],
                         progress: Callable[[str], None],
-                        failed_before: Optional[int] = None) -> CapacityEstimate:
+                        failed_before: Optional[int] = None,
+                        fresh_process: Optional[bool] = None) -> CapacityEstimate:
     """The line's estimate, checked and corrected by real steps on the GPU.
 
     Args:
@@ -231,6 +239,9 @@ def confirm_by_training(estimate: CapacityEstimate, model: Any, data: Batches,
         progress: receives one line per step.
         failed_before: a size that already ran out of memory (the ladder's
             last), or `None`: no search starts at or above it.
+        fresh_process: whether the boundary is searched again, and the
+            recommendation trained, in new processes (`fresh_process`).
+            `None`: where the boundary is searched on PyTorch.
 
     Returns:
         The estimate with `predicted_batch_size` (trained for real),
@@ -243,7 +254,7 @@ def confirm_by_training(estimate: CapacityEstimate, model: Any, data: Batches,
     line0 = estimate.batch_size_for(0.0) or 0
     start0 = line0 if failed_before is None else min(line0, failed_before - 1)
     reserved_line0 = estimate.reserved_batch_size_for(0.0)
-    boundary = failed = None
+    here = failed_here = None
 
     def runs(size: int) -> bool:
         if failed_before is not None and size >= failed_before:
@@ -251,47 +262,127 @@ def confirm_by_training(estimate: CapacityEstimate, model: Any, data: Batches,
         return steps.run(size, "boundary")
 
     if capped and start0 > 0:
-        boundary, failed = search_boundary(
+        here, failed_here = search_boundary(
             runs, start0,
             reserved_line0 if reserved_line0 and reserved_line0 < start0 else None,
             MAX_STEPS)
     if failed_before is not None:
-        failed = failed_before if failed is None else min(failed, failed_before)
-    line_rec = estimate.predicted_batch_size or 0
-    if boundary is not None:
-        start = scaled_recommendation(estimate, boundary, failed, estimate.headroom)
-        start = min(start if start is not None else line_rec, boundary)
-    else:
-        reserved_rec = estimate.reserved_batch_size_for(estimate.headroom)
-        start = min(line_rec, reserved_rec) if reserved_rec else line_rec
-        if failed is not None:
-            start = min(start, failed - 1)
-    recommended = _train_recommendation(steps, start)
-    expandable, expandable_note = _expandable(steps, settings, cache, boundary,
-                                              failed, capped)
-    explanation = _confirm_text(estimate, steps.trials, capped, line0, boundary,
-                                failed, recommended, start, settings, expandable,
+        failed_here = failed_before if failed_here is None else min(failed_here,
+                                                                    failed_before)
+    fresh, fresh_note = _fresh_steps(fresh_process, estimate, model, data, cache,
+                                     steps.trials, progress, here, capped)
+    boundary, failed = here, failed_here
+    runner: Any = steps
+    try:
+        if fresh is not None:
+            try:
+                boundary, failed = _fresh_boundary(fresh, here, failed_here)
+                runner = fresh
+            except FreshProcessError as e:
+                fresh_note = f"a new process could not train ({e})"
+                boundary, failed = here, failed_here
+        line_rec = estimate.predicted_batch_size or 0
+        if boundary is not None:
+            start = scaled_recommendation(estimate, boundary, failed, estimate.headroom)
+            start = min(start if start is not None else line_rec, boundary)
+        else:
+            reserved_rec = estimate.reserved_batch_size_for(estimate.headroom)
+            start = min(line_rec, reserved_rec) if reserved_rec else line_rec
+            if failed is not None:
+                start = min(start, failed - 1)
+        try:
+            recommended = _train_recommendation(runner, start)
+        except FreshProcessError as e:
+            fresh_note = f"a new process could not train ({e})"
+            runner = steps
+            recommended = _train_recommendation(steps, start)
+    finally:
+        if fresh is not None:
+            fresh.close()
+    if fresh_note and fresh_process:
+        logger.warning("estimate_max_batch_size: fresh_process=True, but %s; "
+                       "the answer comes from the measuring process", fresh_note)
+    in_process = here if runner is fresh else None
+    if runner is not fresh:
+        boundary, failed = here, failed_here
+    expandable, expandable_note = _expandable(steps, settings, cache, here,
+                                              failed_here, capped)
+    explanation = _confirm_text(estimate, steps.trials, capped, line0, here,
+                                failed_here, recommended, start, settings, expandable,
                                 expandable_note)
+    if in_process is not None:
+        explanation += " " + _fresh_text(boundary, failed, here)
+    elif fresh_note:
+        explanation += f" No new process was tried: {fresh_note}."
     return dataclasses.replace(
         estimate, predicted_batch_size=recommended, ceiling_batch_size=boundary,
+        in_process_ceiling_batch_size=in_process,
+        fresh_process_note=fresh_note if in_process is None else "",
         trials=tuple(steps.trials),
         allocator_settings=settings.text() if settings else "",
         expandable_batch_size=expandable,
         explanation=f"{estimate.explanation} {explanation}")
 
 
-def _train_recommendation(steps: RealSteps, start: int) -> Optional[int]:
-    """Trains at `start`, stepping down 5% on out-of-memory."""
+def _fresh_steps(asked: Optional[bool], estimate: CapacityEstimate, model: Any,
+                 data: Batches, cache: Optional[TorchCache], trials: list,
+                 progress: Callable[[str], None], here: Optional[int], capped: bool
+                 ) -> tuple[Optional[FreshProcessSteps], str]:
+    """New-process steps where asked for (or by default) and possible; else
+    `None` and why not."""
+    if asked is False:
+        return None, ""
+    if cache is None:
+        why = "only PyTorch on a GPU trains in new processes"
+    elif not capped:
+        why = "no allocator cap is set, so no step tried the limit"
+    elif here is None:
+        why = "no batch trained under the whole limit in this process"
+    else:
+        cache.free()
+        return FreshProcessSteps.prepare(model, data, estimate.limit_bytes,
+                                         cache.index, trials, progress)
+    return None, why if asked else ""
+
+
+def _fresh_boundary(fresh: FreshProcessSteps, here: int, failed_here: Optional[int]
+                    ) -> tuple[Optional[int], Optional[int]]:
+    """The boundary searched again in new processes, from the measuring
+    process's: a size that failed there is not tried."""
+
+    def runs(size: int) -> bool:
+        if failed_here is not None and size >= failed_here:
+            return False
+        return fresh.run(size, "boundary")
+
+    lo, hi = search_boundary(runs, here, None, MAX_FRESH)
+    if failed_here is not None:
+        hi = failed_here if hi is None else min(hi, failed_here)
+    return lo, hi
+
+
+def _fresh_text(boundary: Optional[int], failed: Optional[int], here: int) -> str:
+    """What the new processes showed, in words."""
+    if boundary is None:
+        return (f"In new processes (a job started afresh), no batch from {here} "
+                f"down trained in {MAX_FRESH} tries; the smallest that failed was "
+                f"{failed}.")
+    text = (f"In new processes (each a job started afresh), batch {boundary} ran"
+            + (f", {failed} ran out of memory" if failed is not None else ""))
+    if boundary < here:
+        text += (f": {(here - boundary) / here:.0%} less than in this process, which"
+                 " keeps what its earlier steps left on the device")
+    return text + "; the recommendation comes from them and trained in one."
+
+
+def _train_recommendation(steps: Any, start: int) -> Optional[int]:
+    """Trains at `start` with `steps` (`RealSteps` or `FreshProcessSteps`),
+    stepping down 5% on out-of-memory."""
     size = start
     for _ in range(MAX_DOWN + 1):
         if size < 1:
             return 0
-        ran = next((t.ran for t in steps.trials if t.batch_size == size
-                    and not t.expandable_segments and t.purpose == "recommended"),
-                   None)
-        if ran is None:
-            ran = steps.run(size, "recommended")
-        if ran:
+        if steps.run(size, "recommended"):
             return size
         size = min(int(size * DOWN), size - 1)
     return None

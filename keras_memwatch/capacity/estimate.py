@@ -41,6 +41,7 @@ def estimate_max_batch_size(
     headroom: float = 0.1,
     method: str = "auto",
     progress: Optional[Callable[[str], None]] = None,
+    fresh_process: Optional[bool] = None,
 ) -> CapacityEstimate:
     """Predicts the largest training batch that fits in the device's memory.
 
@@ -76,6 +77,13 @@ def estimate_max_batch_size(
             compilation while the estimate runs (a compilation on a GPU
             takes seconds). Defaults to `None`: the lines go to the
             `keras_memwatch` logger at level INFO.
+        fresh_process: PyTorch on a GPU under an allocator cap: whether the
+            largest batch is searched again, and the recommendation trained,
+            in new Python processes (the model saved to a temporary `.keras`
+            file; seconds a size), as a job started at that size would meet
+            the device. A process that has trained can fit up to 10% more.
+            Defaults to `None`: yes where it applies; `True` logs a warning
+            where it cannot run, `False` never starts a process.
 
     Returns:
         A `CapacityEstimate`. Its `predicted_batch_size` is `None`, and its
@@ -101,6 +109,8 @@ def estimate_max_batch_size(
     if progress is not None and not callable(progress):
         raise ValueError("Expected `progress` to be a callable taking a string, or "
                          f"None. Received: progress={progress!r}")
+    if fresh_process is not None:
+        options.boolean("fresh_process", fresh_process)
     say = progress if progress is not None else _log
     import keras
 
@@ -115,7 +125,8 @@ def estimate_max_batch_size(
         if (estimate.predicted_batch_size is not None and meter.on_gpu
                 and meter.method in ("probes", "reserved")):
             estimate = confirm_by_training(estimate, model, data, meter,
-                                           meter.cache, say, ladder.failed)
+                                           meter.cache, say, ladder.failed,
+                                           fresh_process)
         if backend == "jax" and not meter.on_gpu:
             estimate = _compare_with_xla(estimate, model, data, meter)
     finally:

@@ -26,6 +26,8 @@ class Trial:
             limit), `"recommended"` (the answer under the headroom) or
             `"expandable_segments"` (the boundary with that setting on).
         expandable_segments: whether PyTorch's `expandable_segments` was on.
+        fresh_process: whether the steps ran in a new process (else in the
+            measuring one).
         allocated_peak_bytes: the allocator's allocated peak of the step
             (device bytes in use, not above the baseline), where it ran.
         reserved_peak_bytes: PyTorch's reserved peak of the step from a
@@ -42,6 +44,7 @@ class Trial:
     reserved_peak_bytes: Optional[int] = None
     seconds: float = 0.0
     error: str = ""
+    fresh_process: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +108,8 @@ class CapacityEstimate:
             from plans compiled without autotuning, which near XLA's limit
             may plan up to 10% less than `fit`'s compilation (an H200); on a
             GPU measured by the probes under an allocator cap, the largest
-            batch that trained two real steps.
+            batch that trained two real steps: in a new process where
+            `fresh_process` ran (PyTorch), else in the measuring one.
         checked: `(batch_size, working_bytes)` of XLA's compiled plan at
             each size checked after the fit (method `"xla"`), in order.
         reserved_measurements: PyTorch on a GPU: `(batch_size,
@@ -115,6 +119,12 @@ class CapacityEstimate:
         reserved_static_bytes: the constant part of the line through
             `reserved_measurements` (never below 0).
         reserved_per_sample_bytes: its slope.
+        in_process_ceiling_batch_size: the largest batch that trained two
+            real steps in the measuring process, where the ceiling was then
+            searched in new processes (a process that has trained can fit
+            more).
+        fresh_process_note: why no new process was tried, where they were
+            asked for and could not run.
         trials: the real steps that confirmed the answer on a GPU
             (`Trial`), in order.
         allocator_settings: PyTorch: the allocator settings in effect
@@ -146,6 +156,8 @@ class CapacityEstimate:
     measured_by: str = ""
     limit_detail: str = ""
     ceiling_batch_size: Optional[int] = None
+    in_process_ceiling_batch_size: Optional[int] = None
+    fresh_process_note: str = ""
     checked: tuple[tuple[int, int], ...] = ()
     reserved_measurements: tuple[tuple[int, int], ...] = ()
     reserved_static_bytes: Optional[int] = None
@@ -265,6 +277,9 @@ class CapacityEstimate:
                          f"{extra}{mark}")
         if self.ceiling_batch_size is not None:
             how = ("XLA's compiled plan" if self.method == "xla" else
+                   "the largest batch that trained for real in a new process; "
+                   f"{self.in_process_ceiling_batch_size} in the measuring one"
+                   if self.in_process_ceiling_batch_size is not None else
                    "the largest batch that trained for real in this process")
             lines.append(f"  ceiling:    batch {self.ceiling_batch_size} without "
                          f"headroom ({how})")
@@ -275,8 +290,9 @@ class CapacityEstimate:
                 result = "ran" if t.ran else "out of memory"
                 peak = (format_bytes(t.reserved_peak_bytes)
                         if t.reserved_peak_bytes else "")
+                where = ", new process" if t.fresh_process else ""
                 lines.append(f"              {t.batch_size:>5}  {result:<14}  "
-                             f"{peak:>13}  {t.purpose}")
+                             f"{peak:>13}  {t.purpose}{where}")
         if self.allocator_settings:
             lines.append(f"  allocator:  {self.allocator_settings}")
         if self.expandable_batch_size is not None:

@@ -108,6 +108,8 @@ def simulate_gpu(monkeypatch, model, **kwargs):
 class FakeCache:
     """PyTorch's caching allocator of a simulated GPU (see `TorchCache`)."""
 
+    index = 0
+
     def __init__(self, gpu, can_switch=True):
         self.gpu = gpu
         self.can_switch = can_switch
@@ -137,9 +139,62 @@ class FakeCache:
         return True
 
 
-def simulate_torch_gpu(monkeypatch, model, can_switch=True, environ=None, **kwargs):
-    """A simulated GPU with PyTorch's caching allocator in front of it."""
+class FakeFreshSteps:
+    """New processes on a simulated GPU (see `FreshProcessSteps`): their two
+    steps need `cold` times what they need in the measuring process."""
+
+    def __init__(self, gpu, cold, trials, fail_after=None):
+        self.gpu, self.cold, self.trials = gpu, cold, trials
+        self.fail_after = fail_after  # runs before a child crashes
+        self.sizes = []
+        self.closed = False
+
+    @classmethod
+    def factory(cls, gpu, cold=1.0, unavailable="", fail_after=None):
+        """A stand-in for the `FreshProcessSteps` class; `made` holds the
+        runners it prepared."""
+        made = []
+
+        class Factory:
+            @staticmethod
+            def prepare(model, data, limit_bytes, device_index, trials, progress):
+                if unavailable:
+                    return None, unavailable
+                made.append(cls(gpu, cold, trials, fail_after))
+                return made[-1], ""
+
+        Factory.made = made
+        return Factory
+
+    def run(self, size, purpose):
+        from keras_memwatch.capacity.fresh_process import FreshProcessError
+        from keras_memwatch.capacity.result import Trial
+
+        if self.fail_after is not None and len(self.sizes) >= self.fail_after:
+            raise FreshProcessError(f"batch {size}: the process exited 1 (crash)")
+        self.sizes.append(size)
+        gpu = self.gpu
+        need = gpu.in_use + (gpu.overhead * gpu.later_overhead * self.cold
+                             * gpu.working(size))
+        ran = gpu.oom_at is None or need <= gpu.oom_at
+        self.trials.append(Trial(size, ran, purpose, fresh_process=True,
+                                 reserved_peak_bytes=int(need) if ran else None))
+        return ran
+
+    def close(self):
+        self.closed = True
+
+
+def simulate_torch_gpu(monkeypatch, model, can_switch=True, environ=None,
+                       fresh_cold=1.0, fresh_unavailable="", fresh_fail_after=None,
+                       **kwargs):
+    """A simulated GPU with PyTorch's caching allocator in front of it; new
+    processes need `fresh_cold` times more (`gpu.fresh.made`: their runners)."""
     gpu = simulate_gpu(monkeypatch, model, **kwargs)
+    gpu.fresh = FakeFreshSteps.factory(gpu, fresh_cold, fresh_unavailable,
+                                       fresh_fail_after)
+    monkeypatch.setattr("keras_memwatch.capacity.confirm.FreshProcessSteps",
+                        gpu.fresh)
     cache = FakeCache(gpu, can_switch)
     monkeypatch.setattr("keras_memwatch.capacity.meter.torch_cache",
                         lambda backend, index: cache if index is not None else None)

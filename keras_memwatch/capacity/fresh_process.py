@@ -1,0 +1,216 @@
+"""Training a batch size in a new Python process, as a job started at it would.
+
+A process that has trained keeps some of what its first steps left on the
+device (allocations of the CUDA libraries, cached blocks placed among the
+activations), so the largest batch that trains in the measuring process
+can be larger than in a job started afresh. On an H200 under a 6 GiB cap,
+a PyTorch block whose activations take 1 MiB a sample trained 646 in the
+process that had measured it and 588-600 in fresh ones; a transformer,
+147 and 136. So, on PyTorch, the boundary is searched once more in fresh
+processes: the model is saved once (`model.save`, a `.keras` file in a
+temporary folder) with the sample batch, and each size is one child,
+`python -m keras_memwatch.capacity.fresh_process`, that sets the same
+limit with `configure_memory`, loads the model and trains
+`STEPS_PER_SIZE` steps. Each costs a process start (seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Optional
+
+from keras_memwatch.capacity.allocator import STEPS_PER_SIZE
+from keras_memwatch.capacity.batches import Batches
+from keras_memwatch.capacity.result import Trial
+from keras_memwatch.units import MIB, format_bytes
+
+TIMEOUT_S = 600  # one child: start, load, two steps
+EXIT_OOM = 3  # the child's exit status when the steps ran out of memory
+MARGIN = 1.02  # free device memory needed beside this process, over the limit
+
+
+class FreshProcessError(RuntimeError):
+    """A child could not train for a reason other than memory."""
+
+
+class FreshProcessSteps:
+    """Trains sizes in fresh processes under the measuring process's limit.
+
+    Use `prepare`; `run(size, purpose)` then works as `RealSteps.run`, and
+    `close` deletes the saved model.
+
+    Args:
+        directory: holds `model.keras` and `data.pkl`.
+        limit_bytes: the allocator cap each child sets.
+        device_index: the CUDA device measured.
+        trials: the list each trial is appended to.
+        progress: receives one line per trial.
+    """
+
+    def __init__(self, directory: str, limit_bytes: int, device_index: int,
+                 trials: list, progress: Callable[[str], None]):
+        self.directory = directory
+        self.limit_bytes = limit_bytes
+        self.device_index = device_index
+        self.trials = trials
+        self.progress = progress
+
+    @classmethod
+    def prepare(cls, model: Any, data: Batches, limit_bytes: int, device_index: int,
+                trials: list, progress: Callable[[str], None]
+                ) -> tuple[Optional["FreshProcessSteps"], str]:
+        """Saves the model and its sample batch for the children.
+
+        Returns:
+            `(steps, "")`, or `(None, why)` where fresh processes cannot run:
+            too little free device memory beside this process, or a model
+            that Keras cannot save.
+        """
+        free = device_free_bytes(device_index)
+        if free is not None and free < limit_bytes * MARGIN:
+            return None, (f"GPU:{device_index} has {format_bytes(free)} free beside "
+                          f"this process, less than the limit of "
+                          f"{format_bytes(limit_bytes)} a new process would need")
+        directory = tempfile.mkdtemp(prefix="keras_memwatch_fresh_")
+        try:
+            model.save(os.path.join(directory, "model.keras"))
+            with open(os.path.join(directory, "data.pkl"), "wb") as f:
+                pickle.dump((data.x, data.y), f, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:
+            shutil.rmtree(directory, ignore_errors=True)
+            return None, f"the model could not be saved for a new process ({e!r})"
+        return cls(directory, limit_bytes, device_index, trials, progress), ""
+
+    def run(self, size: int, purpose: str) -> bool:
+        """Trains `STEPS_PER_SIZE` steps of `size` in a new process; whether
+        they ran.
+
+        Raises:
+            FreshProcessError: when the child failed for another reason than
+                memory (the model could not be loaded, a crash, a timeout).
+        """
+        began = time.perf_counter()
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "keras_memwatch.capacity.fresh_process",
+                 self.directory, str(size), str(self.limit_bytes)],
+                capture_output=True, text=True, timeout=TIMEOUT_S,
+                env=_child_env(self.device_index))
+        except subprocess.TimeoutExpired:
+            raise FreshProcessError(f"batch {size} took over {TIMEOUT_S} s") from None
+        out = _last_json(done.stdout)
+        if out is None or done.returncode not in (0, EXIT_OOM):
+            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise FreshProcessError(
+                f"batch {size}: the process exited {done.returncode} ({tail[:300]})")
+        ran = done.returncode == 0
+        trial = Trial(batch_size=size, ran=ran, purpose=purpose,
+                      allocated_peak_bytes=out.get("allocated"),
+                      reserved_peak_bytes=out.get("reserved"),
+                      seconds=round(time.perf_counter() - began, 3),
+                      error=out.get("error", ""), fresh_process=True)
+        self.trials.append(trial)
+        reserved = trial.reserved_peak_bytes
+        self.progress(
+            f"estimate_max_batch_size: trained batch {size} in a new process "
+            f"({purpose}, {trial.seconds:.1f} s): "
+            + (f"ran, reserved peak {format_bytes(reserved)}" if ran and reserved
+               else "ran" if ran else f"out of memory ({trial.error})"))
+        return ran
+
+    def close(self) -> None:
+        """Deletes the saved model and batch."""
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def device_free_bytes(index: int) -> Optional[int]:
+    """Free memory of CUDA device `index`, or `None` where torch cannot say."""
+    import keras
+
+    if keras.backend.backend() != "torch":
+        return None
+    try:
+        import torch
+
+        return int(torch.cuda.mem_get_info(index)[0])
+    except Exception:
+        return None
+
+
+def _child_env(index: int) -> dict[str, str]:
+    """This process's environment, the child seeing device `index` as its
+    first (where Keras computes)."""
+    env = dict(os.environ)
+    if index:
+        visible = env.get("CUDA_VISIBLE_DEVICES")
+        ids = [d.strip() for d in visible.split(",")] if visible else None
+        env["CUDA_VISIBLE_DEVICES"] = ids[index] if ids and index < len(ids) else str(index)
+    import keras
+
+    env["KERAS_BACKEND"] = keras.backend.backend()
+    return env
+
+
+def _last_json(text: str) -> Optional[dict]:
+    for line in reversed(text.splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                return None
+    return None
+
+
+def train_fresh(directory: str, size: int, limit_bytes: int) -> tuple[int, dict]:
+    """The child's work: limit, load, train. Returns `(exit status, report)`."""
+    from keras_memwatch.config import configure_memory
+
+    configure_memory(memory_limit_mb=limit_bytes / MIB, devices=[0])
+    import keras
+
+    from keras_memwatch.oom import is_oom_error
+
+    model = keras.saving.load_model(os.path.join(directory, "model.keras"))
+    with open(os.path.join(directory, "data.pkl"), "rb") as f:
+        x, y = pickle.load(f)
+    batch = Batches(x, y).take(size)
+    torch = None
+    if keras.backend.backend() == "torch":
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            torch = None
+    try:
+        for _ in range(STEPS_PER_SIZE):
+            model.train_on_batch(batch[0], batch[1])
+        if torch is not None:
+            torch.cuda.synchronize()
+    except Exception as e:
+        if not is_oom_error(e):
+            raise
+        return EXIT_OOM, {"error": type(e).__name__}
+    report: dict = {}
+    if torch is not None:
+        report = {"allocated": int(torch.cuda.max_memory_allocated()),
+                  "reserved": int(torch.cuda.max_memory_reserved())}
+    return 0, report
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    directory, size, limit_bytes = (argv if argv is not None else sys.argv[1:])
+    status, report = train_fresh(directory, int(size), int(limit_bytes))
+    print(json.dumps(report), flush=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
