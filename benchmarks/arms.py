@@ -293,24 +293,24 @@ def ablated_memwatch_class():
 # -- hook cost -------------------------------------------------------------
 
 
-class _ProbeTimer:
-    """Wraps a probe's `read` on the instance, charging its thread CPU time
-    to `sink[probe.name]`."""
+class _Timed:
+    """Wraps a function, charging the thread CPU time of each call to
+    `times`."""
 
-    def __init__(self, probe: Any, sink: dict[str, list]):
-        self.read = probe.read
-        self.times = sink.setdefault(probe.name, [])
+    def __init__(self, function: Callable, times: list):
+        self.function = function
+        self.times = times
 
-    def __call__(self):
+    def __call__(self, *args):
         t = thread_ns()
-        out = self.read()
+        out = self.function(*args)
         self.times.append(thread_ns() - t)
         return out
 
 
 def wrap_probe_reads(probes: Sequence, sink: dict[str, list]) -> None:
     for probe in probes:
-        probe.read = _ProbeTimer(probe, sink)
+        probe.read = _Timed(probe.read, sink.setdefault(probe.name, []))
 
 
 def timed_memwatch_class():
@@ -318,14 +318,26 @@ def timed_memwatch_class():
     from keras_memwatch import MemWatch
 
     class TimedMemWatch(MemWatch):
+        """With `per_probe`, also times each probe's `read()` (`probe_ns`),
+        and, within the batch-end hook, the sampler's read of them all and
+        the logs figures (`part_ns`)."""
+
         def __init__(self, per_probe: bool = False, **kwargs):
             super().__init__(**kwargs)
             self.begin_ns: list[int] = []
             self.end_ns: list[int] = []
             self.probe_ns: dict[str, list] = {}
+            self.part_ns: dict[str, list] = {"read": [], "logs": []}
             self.epoch_marks: list[tuple[int, int, int]] = []
+            self.per_probe = per_probe
             if per_probe:
                 wrap_probe_reads(self._probes, self.probe_ns)
+
+        def on_train_begin(self, logs=None):
+            super().on_train_begin(logs)
+            if self.per_probe:
+                self._sampler.read = _Timed(self._sampler.read, self.part_ns["read"])
+                self._metrics.add = _Timed(self._metrics.add, self.part_ns["logs"])
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch_marks.append((epoch, len(self.begin_ns), len(self.end_ns)))

@@ -74,6 +74,8 @@ def run_hook_cost(gpu: bool, reps: int, steps: int, epochs: int,
     probes_mw: dict[str, list[float]] = {}
     probes_min: dict[str, list[float]] = {}
     reads_per_batch: list[float] = []  # ns of MemWatch's probe reads per batch
+    parts: list[dict[str, float]] = []  # the profile of each per-probe fit
+    plain_end: list[float] = []  # the end hook's trimmed mean, uninstrumented
     rounds = []
     for r in range(reps):
         first = r % 2  # 0: MemWatch first, 1: the minimal hook first
@@ -82,6 +84,8 @@ def run_hook_cost(gpu: bool, reps: int, steps: int, epochs: int,
         begin = _us(_after_first_epoch(watch.begin_ns, watch.epoch_marks, 1), overhead)
         end = _us(_after_first_epoch(watch.end_ns, watch.epoch_marks, 2), overhead)
         mini = _us(_after_first_epoch(minimal.end_ns, minimal.epoch_marks, 1), overhead)
+        plain_end.append(_trimmed_mean(
+            _after_first_epoch(watch.end_ns, watch.epoch_marks, 2), overhead))
         sink = by_order[first]
         sink["begin"] += begin
         sink["end"] += end
@@ -104,6 +108,7 @@ def run_hook_cost(gpu: bool, reps: int, steps: int, epochs: int,
         # Reads per batch, amortized: NVML is read at most once a second.
         reads_per_batch.append(sum(sum(v) for v in watch.probe_ns.values())
                                / max(len(watch.end_ns), 1))
+        parts.append(_parts(watch, overhead))
         for sink, hook in ((probes_mw, watch), (probes_min, minimal)):
             for name, values in hook.probe_ns.items():
                 # skip the train-begin read and the first epoch's batches
@@ -175,4 +180,52 @@ def run_hook_cost(gpu: bool, reps: int, steps: int, epochs: int,
                         "minimal_first": positions[1]},
         "per_probe": per_probe,
         "memwatch_own_us": memwatch_median - probe_sum,
+        # Where MemWatch's time goes (the instrumented fits; means, us per batch).
+        "profile_us": _profile(parts, plain_end),
     }
+
+
+def _profile(parts: list[dict[str, float]], plain_end: list[float]) -> dict[str, float]:
+    """The medians over rounds of `_parts`, with what the instrumentation
+    itself added to the end hook (its wrappers' calls, which land in the
+    guard and the hand-over)."""
+    out = {k: statistics.median(p[k] for p in parts) for k in parts[0]}
+    out["end_hook_uninstrumented"] = statistics.median(plain_end)
+    out["instrumentation"] = out["end_hook"] - out["end_hook_uninstrumented"]
+    return out
+
+
+def _trimmed_mean(values: list, overhead_ns: float, timers: int = 1) -> float:
+    """Mean in us of the values at or below their 99th percentile, less
+    `timers` timer pairs."""
+    if not values:
+        return 0.0
+    cut = sorted(values)[int(0.99 * (len(values) - 1))]
+    kept = [v for v in values if v <= cut]
+    return max(statistics.fmean(kept) - timers * overhead_ns, 0.0) / 1e3
+
+
+def _parts(watch: Any, overhead_ns: float) -> dict[str, float]:
+    """MemWatch's hooks of one instrumented fit, taken apart (epochs 2..N):
+    the begin hook; the end hook's read of the probes (the probes' own
+    `read()` and the sampler's guard around them), its logs figures, and
+    the rest (checks, the key, the lock, the hand-over to the pipeline)."""
+    marks = watch.epoch_marks
+    begin = _after_first_epoch(watch.begin_ns, marks, 1)
+    end = _after_first_epoch(watch.end_ns, marks, 2)
+    n = len(end)
+    read = watch.part_ns["read"][-n:] if n else []
+    logs = watch.part_ns["logs"][-n:] if n else []
+    probes = len(watch.probe_ns)
+    # NVML is read at most once a second: its cost is spread over the batches.
+    reads = sum(_trimmed_mean(v[len(v) - n:], overhead_ns) * min(len(v), n)
+                for v in watch.probe_ns.values()) / max(n, 1)
+    read_us = _trimmed_mean(read, overhead_ns, 1 + probes)
+    logs_us = _trimmed_mean(logs, overhead_ns)
+    end_us = _trimmed_mean(end, overhead_ns, 3 + probes)
+    return {"begin_hook": _trimmed_mean(begin, overhead_ns),
+            "end_hook": end_us,
+            "probe_reads": reads,
+            "sampler_guard": max(read_us - reads, 0.0),
+            "logs_figures": logs_us,
+            "hand_over_and_checks": max(end_us - read_us - logs_us, 0.0)}

@@ -50,6 +50,13 @@ def test_hook_cost_has_memwatch_minimal_and_each_probe():
     assert positive(probe["in_memwatch_us"]["median"])
     assert positive(probe["in_minimal_us"]["median"])
     assert out["batches_timed"] > 0
+    profile = out["profile_us"]
+    for part in ("begin_hook", "end_hook", "probe_reads", "end_hook_uninstrumented"):
+        assert positive(profile[part]), part
+    # the parts of the end hook add up to it
+    assert profile["end_hook"] == pytest.approx(
+        profile["probe_reads"] + profile["sampler_guard"] + profile["logs_figures"]
+        + profile["hand_over_and_checks"], rel=0.2)
 
 
 def test_spike_scenario_reports_each_tool():
@@ -98,6 +105,7 @@ def test_runner_quick_prints_a_table_and_writes_json(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "### Overhead on training" in proc.stdout
     assert "### Batch hook CPU time" in proc.stdout
+    assert "Where MemWatch's hook time goes" in proc.stdout
     assert "### Targets" in proc.stdout
     results = json.loads(out.read_text())
     assert results["machine"]["versions"]["keras"]
