@@ -87,19 +87,20 @@ def test_a_new_process_under_the_cap_trains_small_batches_and_fails_large_ones()
     from keras_memwatch.capacity.batches import Batches
     from keras_memwatch.capacity.fresh_process import FreshProcessSteps
 
-    model = keras.Sequential([keras.Input((4096,)), keras.layers.Dense(4096),
+    model = keras.Sequential([keras.Input((1024,)), keras.layers.Dense(1024),
                               keras.layers.Dense(10)])
     model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    x = np.ones((8, 4096), "float32")
+    x = np.ones((8, 1024), "float32")
     y = np.zeros((8,), "int32")
-    trials, cap = [], 512 * MIB
+    trials, cap = [], 256 * MIB
     steps, why = FreshProcessSteps.prepare(model, Batches(x, y), cap, 0, trials, print)
     assert steps is not None, why
     try:
-        assert steps.run(32, "boundary")
-        assert not steps.run(65536, "boundary")  # 1 GiB of inputs alone
+        ran = [steps.run(32, "boundary"),
+               steps.run(65536, "boundary")]  # a batch of inputs is the cap
     finally:
         steps.close()
+    assert ran == [True, False], trials
     small, large = trials
     assert 0 < small.reserved_peak_bytes <= cap
     assert large.error == "OutOfMemoryError"

@@ -87,7 +87,8 @@ def test_the_child_reports_out_of_memory_and_raises_anything_else(
     class Model:
         error = OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-        def train_on_batch(self, x, y):
+        def fit(self, x, y, batch_size, **kwargs):
+            assert (len(x), batch_size) == (32, 16)  # two steps, as a job trains
             raise self.error
 
     import keras
