@@ -45,10 +45,12 @@ How a step's working memory is measured, per device (`method="auto"`):
   the whole limit is searched (at most 8 steps, from the allocated line's
   answer down towards the reserved line's); the answer under the headroom
   is the line's scaled by what the allocator needed there, and one real
-  step at it must run (else it steps down 5%). The allocator settings in
-  effect are reported, and where `expandable_segments` is off the boundary
-  is searched again with it switched on in this process (see
-  `allocator`), then switched back.
+  step at it must run (else it steps down 5%). On PyTorch the boundary is
+  then searched again, and the recommendation trained, in new processes
+  (`fresh_process`): a process that has trained can fit more than a job
+  started afresh. The allocator settings in effect are reported, and
+  where `expandable_segments` is off the boundary is searched again with
+  it switched on in this process (see `allocator`), then switched back.
 - JAX on a GPU: the ladder trains one size and compiles the others side by
   side; the checks share rounds of parallel compilations, the ceiling is
   aimed by compilations without autotuning and every answer is confirmed
