@@ -271,8 +271,7 @@ def confirm_by_training(estimate: CapacityEstimate, model: Any, data: Batches,
                                                                     failed_before)
     fresh, fresh_note = _fresh_steps(fresh_process, estimate, model, data, cache,
                                      steps.trials, progress, here, capped)
-    boundary, failed = here, failed_here
-    runner: Any = steps
+    boundary, failed, runner = here, failed_here, steps
     try:
         if fresh is not None:
             try:
@@ -280,16 +279,7 @@ def confirm_by_training(estimate: CapacityEstimate, model: Any, data: Batches,
                 runner = fresh
             except FreshProcessError as e:
                 fresh_note = f"a new process could not train ({e})"
-                boundary, failed = here, failed_here
-        line_rec = estimate.predicted_batch_size or 0
-        if boundary is not None:
-            start = scaled_recommendation(estimate, boundary, failed, estimate.headroom)
-            start = min(start if start is not None else line_rec, boundary)
-        else:
-            reserved_rec = estimate.reserved_batch_size_for(estimate.headroom)
-            start = min(line_rec, reserved_rec) if reserved_rec else line_rec
-            if failed is not None:
-                start = min(start, failed - 1)
+        start = _recommendation_start(estimate, boundary, failed)
         try:
             recommended = _train_recommendation(runner, start)
         except FreshProcessError as e:
@@ -313,7 +303,7 @@ def confirm_by_training(estimate: CapacityEstimate, model: Any, data: Batches,
     if in_process is not None:
         explanation += " " + _fresh_text(boundary, failed, here)
     elif fresh_note:
-        explanation += f" No new process was tried: {fresh_note}."
+        explanation += f" No answer from new processes: {fresh_note}."
     return dataclasses.replace(
         estimate, predicted_batch_size=recommended, ceiling_batch_size=boundary,
         in_process_ceiling_batch_size=in_process,
@@ -322,6 +312,20 @@ def confirm_by_training(estimate: CapacityEstimate, model: Any, data: Batches,
         allocator_settings=settings.text() if settings else "",
         expandable_batch_size=expandable,
         explanation=f"{estimate.explanation} {explanation}")
+
+
+def _recommendation_start(estimate: CapacityEstimate, boundary: Optional[int],
+                          failed: Optional[int]) -> int:
+    """The first size to train as the recommendation: the line's answer
+    scaled by what the boundary showed, else the more cautious of the two
+    lines' answers, below any size that failed."""
+    line_rec = estimate.predicted_batch_size or 0
+    if boundary is not None:
+        start = scaled_recommendation(estimate, boundary, failed, estimate.headroom)
+        return min(start if start is not None else line_rec, boundary)
+    reserved_rec = estimate.reserved_batch_size_for(estimate.headroom)
+    start = min(line_rec, reserved_rec) if reserved_rec else line_rec
+    return start if failed is None else min(start, failed - 1)
 
 
 def _fresh_steps(asked: Optional[bool], estimate: CapacityEstimate, model: Any,

@@ -5,17 +5,14 @@ device (allocations of the CUDA libraries, cached blocks placed among the
 activations), so the largest batch that trains in the measuring process
 can be larger than in a job started afresh. On an H200 under a 6 GiB cap,
 a PyTorch block whose activations take 1 MiB a sample trained 646 in the
-process that had measured it and 588-600 in fresh ones; a transformer,
-147 and 136. So, on PyTorch, the boundary is searched once more in fresh
+process that had measured it and 585-617 in new ones; a transformer, 147
+and 136. So, on PyTorch, the boundary is searched once more in new
 processes: the model is saved once (`model.save`, a `.keras` file in a
 temporary folder) with the sample batch, and each size is one child,
 `python -m keras_memwatch.capacity.fresh_process`, that sets the same
 limit with `configure_memory`, loads the model and trains
-`STEPS_PER_SIZE` steps with `fit`, as a job would (`fit` holds more on the
-device than `train_on_batch`: on the H200 the block trained 617 with
-`train_on_batch` in a fresh process, and at most 585-592 with `fit`).
-Each costs a process start (seconds).
-"""
+`STEPS_PER_SIZE` steps with `fit`, as a job would. Each costs a process
+start (13-15 s on the H200)."""
 
 from __future__ import annotations
 

@@ -123,8 +123,8 @@ class CapacityEstimate:
             real steps in the measuring process, where the ceiling was then
             searched in new processes (a process that has trained can fit
             more).
-        fresh_process_note: why no new process was tried, where they were
-            asked for and could not run.
+        fresh_process_note: why the answer is not from new processes,
+            where they were tried or asked for and could not run.
         trials: the real steps that confirmed the answer on a GPU
             (`Trial`), in order.
         allocator_settings: PyTorch: the allocator settings in effect

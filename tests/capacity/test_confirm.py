@@ -274,7 +274,7 @@ def test_new_processes_that_cannot_run_leave_the_measuring_process_answer(
         estimate = estimate_max_batch_size(model, x, y, trial_sizes=(2, 4, 8, 16),
                                            method="probes", fresh_process=True)
     assert estimate.fresh_process_note == why
-    assert f"No new process was tried: {why}." in estimate.explanation
+    assert f"No answer from new processes: {why}." in estimate.explanation
     assert "fresh_process=True, but " + why in caplog.text
     assert estimate.in_process_ceiling_batch_size is None
     assert estimate.predicted_batch_size is not None
