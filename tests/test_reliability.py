@@ -274,6 +274,9 @@ def test_max_rows_bounds_memory_while_the_log_stays_complete(tmp_path):
 def test_the_package_runs_no_subprocess_network_or_pickle():
     forbidden = {"subprocess", "socket", "pickle", "urllib", "http", "requests",
                  "shelve", "marshal"}
+    # The one exception: the capacity estimate's trials in new processes
+    # (`sys.executable -m keras_memwatch.capacity.fresh_process`, no shell).
+    allowed = {"fresh_process.py": {"subprocess"}}
     for path in PACKAGE.rglob("*.py"):
         if path.name == "__main__.py" or path.name == "demo.py":
             continue
@@ -284,6 +287,7 @@ def test_the_package_runs_no_subprocess_network_or_pickle():
                 names = [a.name.split(".")[0] for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module.split(".")[0]]
-            assert not forbidden & set(names), f"{path.name} imports {names}"
+            bad = forbidden - allowed.get(path.name, set())
+            assert not bad & set(names), f"{path.name} imports {names}"
             if isinstance(node, ast.Attribute) and node.attr in ("system", "popen"):
                 pytest.fail(f"{path.name} calls os.{node.attr}")

@@ -301,7 +301,7 @@ def confirm_by_training(estimate: CapacityEstimate, model: Any, data: Batches,
                                 failed_here, recommended, start, settings, expandable,
                                 expandable_note)
     if in_process is not None:
-        explanation += " " + _fresh_text(boundary, failed, here)
+        explanation += " " + _fresh_text(boundary, failed, here, steps.trials)
     elif fresh_note:
         explanation += f" No answer from new processes: {fresh_note}."
     return dataclasses.replace(
@@ -365,14 +365,18 @@ def _fresh_boundary(fresh: FreshProcessSteps, here: int, failed_here: Optional[i
     return lo, hi
 
 
-def _fresh_text(boundary: Optional[int], failed: Optional[int], here: int) -> str:
+def _fresh_text(boundary: Optional[int], failed: Optional[int], here: int,
+                trials: list[Trial]) -> str:
     """What the new processes showed, in words."""
     if boundary is None:
         return (f"In new processes (a job started afresh), no batch from {here} "
                 f"down trained in {MAX_FRESH} tries; the smallest that failed was "
                 f"{failed}.")
-    text = (f"In new processes (each a job started afresh), batch {boundary} ran"
-            + (f", {failed} ran out of memory" if failed is not None else ""))
+    text = f"In new processes (each a job started afresh), batch {boundary} ran"
+    if any(t.fresh_process and not t.ran and t.batch_size == failed for t in trials):
+        text += f", {failed} ran out of memory"
+    elif failed is not None:
+        text += f" ({failed}, which failed in this process, was not tried)"
     if boundary < here:
         text += (f": {(here - boundary) / here:.0%} less than in this process, which"
                  " keeps what its earlier steps left on the device")

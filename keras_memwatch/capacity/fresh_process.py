@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import shutil
 import subprocess
 import sys
@@ -47,7 +46,7 @@ class FreshProcessSteps:
     `close` deletes the saved model.
 
     Args:
-        directory: holds `model.keras` and `data.pkl`.
+        directory: holds `model.keras` and the sample batch (`save_batch`).
         limit_bytes: the allocator cap each child sets.
         device_index: the CUDA device measured.
         trials: the list each trial is appended to.
@@ -81,8 +80,7 @@ class FreshProcessSteps:
         directory = tempfile.mkdtemp(prefix="keras_memwatch_fresh_")
         try:
             model.save(os.path.join(directory, "model.keras"))
-            with open(os.path.join(directory, "data.pkl"), "wb") as f:
-                pickle.dump((data.x, data.y), f, protocol=pickle.HIGHEST_PROTOCOL)
+            save_batch(directory, data.x, data.y)
         except Exception as e:
             shutil.rmtree(directory, ignore_errors=True)
             return None, f"the model could not be saved for a new process ({e!r})"
@@ -168,6 +166,41 @@ def _last_json(text: str) -> Optional[dict]:
     return None
 
 
+def save_batch(directory: str, x: Any, y: Any) -> None:
+    """Writes the sample batch as arrays (`batch.npz`) and its nesting as
+    JSON (`batch.json`, each array by its index): nothing a child loads
+    can run code."""
+    import keras
+    import numpy as np
+
+    leaves: list = []
+
+    def index(array: Any) -> Optional[int]:
+        if array is None:
+            return None
+        leaves.append(array)
+        return len(leaves) - 1
+
+    structure = keras.tree.map_structure(index, {"x": x, "y": y})
+    np.savez(os.path.join(directory, "batch.npz"),
+             **{str(i): a for i, a in enumerate(leaves)})
+    with open(os.path.join(directory, "batch.json"), "w") as f:
+        json.dump(structure, f)
+
+
+def load_batch(directory: str) -> tuple[Any, Any]:
+    """`(x, y)` as `save_batch` wrote them (lists where there were tuples)."""
+    import keras
+    import numpy as np
+
+    with open(os.path.join(directory, "batch.json")) as f:
+        structure = json.load(f)
+    with np.load(os.path.join(directory, "batch.npz"), allow_pickle=False) as arrays:
+        batch = keras.tree.map_structure(
+            lambda i: None if i is None else arrays[str(i)], structure)
+    return batch["x"], batch["y"]
+
+
 def train_fresh(directory: str, size: int, limit_bytes: int) -> tuple[int, dict]:
     """The child's work: limit, load, train. Returns `(exit status, report)`."""
     from keras_memwatch.config import configure_memory
@@ -178,8 +211,7 @@ def train_fresh(directory: str, size: int, limit_bytes: int) -> tuple[int, dict]
     from keras_memwatch.oom import is_oom_error
 
     model = keras.saving.load_model(os.path.join(directory, "model.keras"))
-    with open(os.path.join(directory, "data.pkl"), "rb") as f:
-        x, y = pickle.load(f)
+    x, y = load_batch(directory)
     # As a job would train: `fit` over the sample repeated, which also
     # holds what its data pipeline holds on the device.
     x, y = Batches(x, y).take(size * STEPS_PER_SIZE)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
-import pickle
 import subprocess
 
+import numpy as np
 import pytest
 
 from capacity_helpers import BACKEND, GIB, OutOfMemoryError, tiny
@@ -33,7 +33,8 @@ def test_a_new_process_loads_the_model_and_trains_the_size():
     lines = []
     steps, trials = prepared(model, x, y, lines)
     try:
-        assert sorted(os.listdir(steps.directory)) == ["data.pkl", "model.keras"]
+        assert sorted(os.listdir(steps.directory)) == [
+            "batch.json", "batch.npz", "model.keras"]
         assert steps.run(24, "boundary") is True  # the batch repeated to 24
     finally:
         steps.close()
@@ -52,6 +53,19 @@ def fake_child(monkeypatch, returncode, stdout="", stderr=""):
         return subprocess.CompletedProcess(args, returncode, stdout, stderr)
 
     monkeypatch.setattr(fresh_process.subprocess, "run", run)
+
+
+def test_the_batch_goes_to_the_child_as_arrays_and_their_nesting(tmp_path):
+    x = {"tokens": np.arange(12).reshape(4, 3), "mask": np.ones((4, 3), bool)}
+    y = (np.zeros(4, "int32"), np.ones((4, 2), "float32"))
+    fresh_process.save_batch(str(tmp_path), x, y)
+    x2, y2 = fresh_process.load_batch(str(tmp_path))
+    assert set(x2) == {"tokens", "mask"}
+    np.testing.assert_array_equal(x2["tokens"], x["tokens"])
+    assert x2["mask"].dtype == bool
+    assert [a.dtype for a in y2] == [np.int32, np.float32]
+    fresh_process.save_batch(str(tmp_path), x["tokens"], None)
+    assert fresh_process.load_batch(str(tmp_path))[1] is None
 
 
 def test_a_child_out_of_memory_is_a_size_that_did_not_run(monkeypatch):
@@ -81,8 +95,7 @@ def test_a_child_that_fails_otherwise_says_why(monkeypatch):
 def test_the_child_reports_out_of_memory_and_raises_anything_else(
         tmp_path, monkeypatch):
     _, x, y = tiny()
-    with open(tmp_path / "data.pkl", "wb") as f:
-        pickle.dump((x, y), f)
+    fresh_process.save_batch(str(tmp_path), x, y)
 
     class Model:
         error = OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
