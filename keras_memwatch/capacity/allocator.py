@@ -168,6 +168,13 @@ class TorchCache:
         """Bytes reserved now."""
         return int(self.torch.cuda.memory_reserved(self.index))
 
+    def device_free(self) -> Optional[int]:
+        """Bytes free on the device now, or `None` where CUDA cannot say."""
+        try:
+            return int(self.torch.cuda.mem_get_info(self.index)[0])
+        except Exception:
+            return None
+
     def set_expandable(self, on: bool) -> bool:
         """Switches `expandable_segments` for segments created from now on.
 

@@ -57,6 +57,7 @@ MAX_STEPS = 8  # sizes tried by the boundary search
 MAX_DOWN = 4  # steps down from a recommendation that ran out of memory
 MAX_EXPANDABLE = 4  # real steps with expandable_segments on
 MAX_FRESH = 6  # sizes tried in new processes
+MARGIN = 1.02  # free device memory a new process needs, over the limit
 RESOLUTION = 0.01
 DOWN = 0.95  # a recommendation that failed is stepped down by this
 
@@ -301,7 +302,7 @@ def confirm_by_training(estimate: CapacityEstimate, model: Any, data: Batches,
                                 failed_here, recommended, start, settings, expandable,
                                 expandable_note)
     if in_process is not None:
-        explanation += " " + _fresh_text(boundary, failed, here, steps.trials)
+        explanation += " " + _fresh_text(boundary, failed, here, failed_here)
     elif fresh_note:
         explanation += f" No answer from new processes: {fresh_note}."
     return dataclasses.replace(
@@ -332,8 +333,9 @@ def _fresh_steps(asked: Optional[bool], estimate: CapacityEstimate, model: Any,
                  data: Batches, cache: Optional[TorchCache], trials: list,
                  progress: Callable[[str], None], here: Optional[int], capped: bool
                  ) -> tuple[Optional[FreshProcessSteps], str]:
-    """New-process steps where asked for (or by default) and possible; else
-    `None` and why not."""
+    """New-process steps where asked for (or by default) and possible: a
+    cap, a boundary found here, room on the device beside this process and
+    a model Keras can save; else `None` and why not."""
     if asked is False:
         return None, ""
     if cache is None:
@@ -344,8 +346,13 @@ def _fresh_steps(asked: Optional[bool], estimate: CapacityEstimate, model: Any,
         why = "no batch trained under the whole limit in this process"
     else:
         cache.free()
-        return FreshProcessSteps.prepare(model, data, estimate.limit_bytes,
-                                         cache.index, trials, progress)
+        free, limit = cache.device_free(), estimate.limit_bytes
+        if free is not None and free < limit * MARGIN:
+            return None, (f"GPU:{cache.index} has {format_bytes(free)} free beside "
+                          f"this process, less than the limit of "
+                          f"{format_bytes(limit)} a new process would need")
+        return FreshProcessSteps.prepare(model, data, limit, cache.index, trials,
+                                         progress)
     return None, why if asked else ""
 
 
@@ -366,14 +373,15 @@ def _fresh_boundary(fresh: FreshProcessSteps, here: int, failed_here: Optional[i
 
 
 def _fresh_text(boundary: Optional[int], failed: Optional[int], here: int,
-                trials: list[Trial]) -> str:
-    """What the new processes showed, in words."""
+                failed_here: Optional[int]) -> str:
+    """What the new processes showed, in words (they try no size that failed
+    here, so a smaller `failed` is theirs)."""
     if boundary is None:
         return (f"In new processes (a job started afresh), no batch from {here} "
                 f"down trained in {MAX_FRESH} tries; the smallest that failed was "
                 f"{failed}.")
     text = f"In new processes (each a job started afresh), batch {boundary} ran"
-    if any(t.fresh_process and not t.ran and t.batch_size == failed for t in trials):
+    if failed is not None and failed != failed_here:
         text += f", {failed} ran out of memory"
     elif failed is not None:
         text += f" ({failed}, which failed in this process, was not tried)"

@@ -32,7 +32,6 @@ from keras_memwatch.units import MIB, format_bytes
 
 TIMEOUT_S = 600  # one child: start, load, two steps
 EXIT_OOM = 3  # the child's exit status when the steps ran out of memory
-MARGIN = 1.02  # free device memory needed beside this process, over the limit
 
 
 class FreshProcessError(RuntimeError):
@@ -68,15 +67,9 @@ class FreshProcessSteps:
         """Saves the model and its sample batch for the children.
 
         Returns:
-            `(steps, "")`, or `(None, why)` where fresh processes cannot run:
-            too little free device memory beside this process, or a model
-            that Keras cannot save.
+            `(steps, "")`, or `(None, why)` for a model that Keras cannot
+            save.
         """
-        free = device_free_bytes(device_index)
-        if free is not None and free < limit_bytes * MARGIN:
-            return None, (f"GPU:{device_index} has {format_bytes(free)} free beside "
-                          f"this process, less than the limit of "
-                          f"{format_bytes(limit_bytes)} a new process would need")
         directory = tempfile.mkdtemp(prefix="keras_memwatch_fresh_")
         try:
             model.save(os.path.join(directory, "model.keras"))
@@ -126,20 +119,6 @@ class FreshProcessSteps:
     def close(self) -> None:
         """Deletes the saved model and batch."""
         shutil.rmtree(self.directory, ignore_errors=True)
-
-
-def device_free_bytes(index: int) -> Optional[int]:
-    """Free memory of CUDA device `index`, or `None` where torch cannot say."""
-    import keras
-
-    if keras.backend.backend() != "torch":
-        return None
-    try:
-        import torch
-
-        return int(torch.cuda.mem_get_info(index)[0])
-    except Exception:
-        return None
 
 
 def _child_env(index: int) -> dict[str, str]:

@@ -114,6 +114,10 @@ class FakeCache:
         self.gpu = gpu
         self.can_switch = can_switch
         self.calls = []
+        self.free_bytes = 64 * GIB  # on the device, beside this process
+
+    def device_free(self):
+        return self.free_bytes
 
     def free(self):
         self.calls.append("free")

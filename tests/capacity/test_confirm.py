@@ -300,6 +300,19 @@ def test_new_processes_that_cannot_run_leave_the_measuring_process_answer(
     assert not any(t.fresh_process for t in estimate.trials)
 
 
+def test_no_process_without_room_for_it_beside_this_one(torch_gpu):
+    model, x, y = tiny()
+    gpu, cache = torch_gpu(model, name=BACKEND, overhead=1.1, fresh_cold=1.08)
+    cache.free_bytes = GIB
+    estimate = estimate_max_batch_size(model, x, y, trial_sizes=(2, 4, 8, 16),
+                                       method="probes")
+    assert gpu.fresh.made == []
+    assert estimate.fresh_process_note == (
+        "GPU:0 has 1.00 GiB free beside this process, less than the limit of "
+        "16.00 GiB a new process would need")
+    assert estimate.in_process_ceiling_batch_size is None
+
+
 def test_a_crashing_new_process_falls_back_to_this_one(torch_gpu):
     model, x, y = tiny()
     gpu, _ = torch_gpu(model, name=BACKEND, overhead=1.1, fresh_cold=1.08,

@@ -114,16 +114,6 @@ def test_the_child_reports_out_of_memory_and_raises_anything_else(
         train_fresh(str(tmp_path), 16, 4 * GIB)
 
 
-def test_no_process_without_room_for_it_beside_this_one(monkeypatch):
-    model, x, y = tiny()
-    monkeypatch.setattr(fresh_process, "device_free_bytes", lambda index: GIB)
-    steps, why = FreshProcessSteps.prepare(model, Batches(x, y), 4 * GIB, 0, [],
-                                           print)
-    assert steps is None
-    assert why == ("GPU:0 has 1.00 GiB free beside this process, less than the "
-                   "limit of 4.00 GiB a new process would need")
-
-
 def test_a_model_keras_cannot_save_starts_no_process(monkeypatch, tmp_path):
     model, x, y = tiny()
     monkeypatch.setattr(fresh_process.tempfile, "mkdtemp",
