@@ -308,6 +308,17 @@ class _Timed:
         return out
 
 
+def _timed_hook(hook: Callable, times: list) -> Callable:
+    """A batch hook that charges its thread CPU time to `times`."""
+
+    def timed(batch, logs=None):
+        t = thread_ns()
+        hook(batch, logs)
+        times.append(thread_ns() - t)
+
+    return timed
+
+
 def wrap_probe_reads(probes: Sequence, sink: dict[str, list]) -> None:
     for probe in probes:
         probe.read = _Timed(probe.read, sink.setdefault(probe.name, []))
@@ -335,23 +346,18 @@ def timed_memwatch_class():
 
         def on_train_begin(self, logs=None):
             super().on_train_begin(logs)
-            if self.per_probe:
+            if self.per_probe:  # the hooks are built again around the timers
                 self._sampler.read = _Timed(self._sampler.read, self.part_ns["read"])
                 self._metrics.add = _Timed(self._metrics.add, self.part_ns["logs"])
+                self._install_hooks()
+            hooks = vars(self)
+            for name, times in (("on_train_batch_begin", self.begin_ns),
+                                ("on_train_batch_end", self.end_ns)):
+                hooks[name] = _timed_hook(hooks[name], times)
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch_marks.append((epoch, len(self.begin_ns), len(self.end_ns)))
             super().on_epoch_begin(epoch, logs)
-
-        def on_train_batch_begin(self, batch, logs=None):
-            t = thread_ns()
-            super().on_train_batch_begin(batch, logs)
-            self.begin_ns.append(thread_ns() - t)
-
-        def on_train_batch_end(self, batch, logs=None):
-            t = thread_ns()
-            super().on_train_batch_end(batch, logs)
-            self.end_ns.append(thread_ns() - t)
 
     return TimedMemWatch
 

@@ -7,13 +7,12 @@ import functools
 import logging
 import threading
 import time
-from time import perf_counter
 from typing import Any, Callable, Optional
 
 import keras
 import pandas as pd
 
-from keras_memwatch import options
+from keras_memwatch import batch_hooks, options
 from keras_memwatch.csvlog import PathLike, open_log
 from keras_memwatch.derived import main_device, spike_table
 from keras_memwatch.detector import SpikeDetector
@@ -174,7 +173,6 @@ class MemWatch(keras.callbacks.Callback):
         self._monitor: Optional[SpikeMonitor] = None
         self._pipe: Optional[Pipeline] = None
         self._training = False
-        self._in_order = False
         self._faults: set[str] = set()
 
     # -- Keras hooks -------------------------------------------------------
@@ -203,11 +201,6 @@ class MemWatch(keras.callbacks.Callback):
                            self.hostname, earlier=self.log_paths)
             if log is not None:
                 self.log_paths.append(log.path)
-        self._spe = max(int(getattr(self.model, "steps_per_execution", 1) or 1), 1)
-        self._every = self.every_n_batches == 1 and self._spe == 1
-        # Hooks on the training thread run in batch order: nothing to
-        # announce, and the batch-end hook can do the begin hook's chores.
-        self._in_order = not self.async_safe
         self._epoch = 0
         self._t0 = time.perf_counter()
         primary = devices.index(main_device(devices)) if devices else 0
@@ -219,23 +212,42 @@ class MemWatch(keras.callbacks.Callback):
             self._pipe.pending.append((("train", 0, None), self._t0, self._sampler.read()))
         self._pipe.drain()
         self._pipe.start()
+        self._install_hooks()
+
+    def _install_hooks(self) -> None:
+        """Puts this fit's batch hooks in front of the methods below."""
+        spe = max(int(getattr(self.model, "steps_per_execution", 1) or 1), 1)
+        planner = self._planner
+        batch_hooks.install(self, batch_hooks.batch_hooks(
+            self, self._sampler.read,
+            self._metrics.add if self.add_to_logs else None,
+            planner.expect if planner is not None else None,
+            self.every_n_batches, spe,
+            # Hooks on the training thread run in batch order: nothing to
+            # announce, and the batch-end hook can do the chores.
+            in_order=not self.async_safe))
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
         if self._pipe is not None:
             self._pipe.epoch_peak = None
 
+    # The batch hooks of a fit are built and installed by `batch_hooks` at
+    # train begin, in front of these methods, which answer outside a fit.
+    # They must exist: Keras keeps a callback that is not `async_safe` on the
+    # training thread only when it defines a batch-end hook.
+
     def on_train_batch_begin(self, batch, logs=None):
-        self._expect("train", batch)
+        """Nothing to do outside a fit."""
 
     def on_train_batch_end(self, batch, logs=None):
-        self._sample("train", batch, logs)
+        """Nothing to do outside a fit."""
 
     def on_test_batch_begin(self, batch, logs=None):
-        self._expect("test", batch)
+        """Nothing to do outside a fit."""
 
     def on_test_batch_end(self, batch, logs=None):
-        self._sample("test", batch, logs)
+        """Nothing to do outside a fit."""
 
     @_never_raises
     def on_epoch_end(self, epoch, logs=None):
@@ -254,50 +266,7 @@ class MemWatch(keras.callbacks.Callback):
         if self.verbose and self._recorder.total_samples:
             logger.info("%s", self.summary())
 
-    # -- sampling ----------------------------------------------------------
-    # The batch-end hook is the hot path: it reads the probes, hands the raw
-    # readings to the pipeline and fills Keras's logs; the pipeline's thread
-    # does the rest.
-
-    def _due(self, batch: int) -> bool:
-        """Whether the execution that ends at `batch` covers an n-th batch."""
-        n = self.every_n_batches
-        return (batch + 1) // n > (batch + 1 - self._spe) // n
-
-    def _expect(self, phase: str, begin: int) -> None:
-        if not self._training or self._in_order:
-            return
-        try:
-            self._chores()
-            pipe = self._pipe
-            end = begin + self._spe - 1
-            key = (phase, self._epoch, end) if self._every or self._due(end) else None
-            if key is not None:
-                pipe.expect(key)
-            if self._planner is not None and phase == "train":
-                self._planner.expect(key)
-        except Exception as e:
-            self._fault("on_batch_begin", e)
-
-    def _sample(self, phase: str, batch: int, logs) -> None:
-        if not self._training:
-            return
-        try:
-            if self._in_order:
-                self._chores()
-            if not (self._every or self._due(batch)):
-                return
-            key = (phase, self._epoch, batch)
-            pending = self._pipe.pending
-            with self._lock:  # appended in the order read
-                raw = self._sampler.read()
-                pending.append((key, perf_counter(), raw))
-            if len(pending) >= self._pipe.block:
-                self._pipe.wake()
-            if logs is not None and self.add_to_logs and phase == "train":
-                self._metrics.add(key, raw, logs)
-        except Exception as e:
-            self._fault("on_batch_end", e)
+    # -- during a fit -----------------------------------------------------
 
     def _chores(self) -> None:
         """On the training thread: drains if the pipeline's thread fell
@@ -340,6 +309,7 @@ class MemWatch(keras.callbacks.Callback):
                                    "training stops", event.epoch, event.batch)
 
     def _close(self) -> None:
+        batch_hooks.remove(self)
         if self._pipe is not None:
             self._pipe.stop()
             if self._pipe.log is not None:

@@ -48,6 +48,10 @@ class _Failure:
         self.error, self.count = error, count
 
 
+def _switched_off() -> None:
+    """The read of a probe switched off: nothing (a missing sample)."""
+
+
 class Sampler:
     """Samples a set of probes as rows, one per device.
 
@@ -169,12 +173,9 @@ class Sampler:
         """
         out: list = []
         append = out.append
-        failures, limit, slow = self._failures, self.max_failures, self.slow_s
+        failures, slow = self._failures, self.slow_s
         began = perf_counter()
         for i, read, interval in self._reads:
-            if failures[i] >= limit:
-                append(None)
-                continue
             if interval:
                 if began < self._next_read[i]:
                     append(None)
@@ -182,20 +183,27 @@ class Sampler:
                 self._next_read[i] = began + interval
             try:
                 readings = read()
-                ended = perf_counter()
-                if ended - began > slow:
-                    raise TimeoutError(
-                        f"one read took {ended - began:.2f} s (limit {slow:g} s)")
             except Exception as e:
-                failures[i] += 1
-                append(_Failure(e, failures[i]))
+                readings = self._failure(i, e)
                 ended = perf_counter()
             else:
-                if failures[i]:
+                ended = perf_counter()
+                if ended - began > slow:
+                    readings = self._failure(i, TimeoutError(
+                        f"one read took {ended - began:.2f} s (limit {slow:g} s)"))
+                elif failures[i]:
                     failures[i] = 0
-                append(readings)
+            append(readings)
             began = ended
         return out
+
+    def _failure(self, i: int, error: Exception) -> _Failure:
+        """Counts a failed read of probe `i`; the `max_failures`-th in a row
+        switches it off (it is no longer read)."""
+        self._failures[i] += 1
+        if self._failures[i] >= self.max_failures:
+            self._reads[i] = (i, _switched_off, 0.0)
+        return _Failure(error, self._failures[i])
 
     def places(self, device_index: int,
                columns: Sequence[str]) -> list[tuple[int, int, int]]:
