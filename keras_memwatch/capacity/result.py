@@ -106,7 +106,9 @@ class CapacityEstimate:
             otherwise not by recomputing activations, so this can be well
             above what the line says, with slower steps), on a GPU to 3%
             from plans compiled without autotuning, which near XLA's limit
-            may plan up to 10% less than `fit`'s compilation (an H200); on a
+            may plan 10-16% less than `fit`'s compilation (an H200), and
+            checked as `fit` compiles it where autotuning changed the
+            answer's plan (the explanation says which); on a
             GPU measured by the probes under an allocator cap, the largest
             batch that trained two real steps: in a new process where
             `fresh_process` ran (PyTorch), else in the measuring one.
