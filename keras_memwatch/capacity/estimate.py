@@ -194,7 +194,7 @@ def _put_back(state: ModelState, meter: Meter) -> None:
 def _result(ladder: Ladder, meter: Meter, backend: str, headroom: float,
             data: Batches) -> CapacityEstimate:
     """The estimate from the ladder's measurements, with its explanation."""
-    fit = fit_linear(ladder.points)
+    fit = _fitted(ladder, meter)
     where = f"{meter.device} ({backend}, {METHOD_WORDS[meter.words]})"
     limit_bytes, source, detail = ladder.limit
     common: dict[str, Any] = dict(
@@ -212,6 +212,21 @@ def _result(ladder: Ladder, meter: Meter, backend: str, headroom: float,
     if reason is not None:
         return _without_prediction(fit, ladder, reason, where, common, data)
     return _with_prediction(fit, ladder, meter, where, headroom, common, data)
+
+
+def _fitted(ladder: Ladder, meter: Meter) -> LinearFit:
+    """The line through the measurements. On XLA's plans, where it is not
+    one, the line through the largest sizes that make one (at least three):
+    small batches' plans can hold a workspace that does not grow with the
+    batch, and there the line only aims the search by compilations."""
+    fit = fit_linear(ladder.points)
+    if fit.linear or meter.method != "xla":
+        return fit
+    for first in range(1, len(ladder.points) - 2):
+        upper = fit_linear(ladder.points[first:])
+        if upper.linear:
+            return upper
+    return fit
 
 
 def _repeated(data: Batches, ladder: Ladder) -> str:

@@ -176,8 +176,21 @@ def _climb_xla(model: Any, data: Batches, meter: Meter,
     if not queue:
         return ladder
     planner = xla_compile.Planner(model, data.take(1), progress)
+    _plan(planner, queue, ladder)
+    if sizes is None and ladder.points and not fit_linear(ladder.points).linear:
+        # Small batches' plans can hold a workspace that does not grow with
+        # the batch (convolutions): the line is looked for higher up.
+        _plan(planner, larger_sizes(ladder.points, _free(ladder, meter, headroom),
+                                    host_bound(data, meter)), ladder)
+    return ladder
+
+
+def _plan(planner: xla_compile.Planner, sizes: list[int], ladder: Ladder) -> None:
+    """Adds the plans of `sizes` to the ladder's points."""
+    if not sizes:
+        return
     # The line only aims the searches: on a GPU, without autotuning.
-    for size, working in planner.plans(queue, aim=True).items():
+    for size, working in planner.plans(sizes, aim=True).items():
         if isinstance(working, Exception):
             if not is_oom_error(working):
                 raise working
@@ -186,7 +199,22 @@ def _climb_xla(model: Any, data: Batches, meter: Meter,
             continue
         ladder.points.append((size, working))
     ladder.points.sort()
-    return ladder
+
+
+def larger_sizes(points: list[tuple[int, int]], free: Optional[float],
+                 largest: Optional[int]) -> list[int]:
+    """Two sizes above the ladder's, 2 and 4 times its top, those whose
+    plan (scaled from the top's) stays under `TARGET_GPU` of the free
+    memory and whose arrays the host has room for."""
+    top, working = points[-1]
+    out = []
+    for size in (2 * top, 4 * top):
+        if size > MAX_BATCH or (largest is not None and size > largest):
+            break
+        if free is not None and working * size / top > TARGET_GPU * free:
+            break
+        out.append(size)
+    return out
 
 
 def xla_sizes(first: int, working: int, free: Optional[float],

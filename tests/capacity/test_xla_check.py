@@ -84,6 +84,27 @@ def test_where_xla_recomputes_activations_more_fits_than_the_line_says(
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="the XLA plan is JAX's")
+def test_a_workspace_at_small_batches_moves_the_line_to_larger_ones(simulated, monkeypatch):
+    # As a ResNet's plans on an H200: batches 2-16 hold a workspace that does
+    # not grow with the batch, so they are not on one line.
+    model, x, y = tiny()
+    simulated(model, name="jax", per_step=False)
+
+    def working_bytes(size):
+        return 100 * MIB + 5 * MIB * size + (150 * MIB if size <= 3 else 0)
+
+    plans = fake_plans(monkeypatch, working_bytes)
+    estimate = estimate_max_batch_size(model, x, y)
+    line = int((16 * GIB * 0.9 - GIB - 100 * MIB) // (5 * MIB))
+    assert estimate.predicted_batch_size == line
+    top = max(b for b, _ in estimate.measurements)
+    assert top > 16 and {2 * top // 4, top} <= set(plans)
+    assert estimate.fit_batch_sizes[0] > 3 and estimate.fit_batch_sizes[-1] == top
+    assert f"fitted over batch sizes {estimate.fit_batch_sizes[0]}-{top}" in (
+        estimate.explanation)
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="the XLA plan is JAX's")
 def test_a_failed_compilation_check_keeps_the_line_and_says_so(
         simulated, monkeypatch, memwatch_logs):
     model, x, y = tiny()
