@@ -60,7 +60,7 @@ def batch_hooks(watch: Any, read: Callable[[], list],
         """Whether the execution that ends at batch `last` covers an n-th batch."""
         return (last + 1) // every_n > (last + 1 - spe) // every_n
 
-    def sampler(phase: str, logs_figures: Optional[Callable]) -> Callable:
+    def end_hook(phase: str, logs_figures: Optional[Callable]) -> Callable:
         def on_batch_end(batch: int, logs: Optional[dict] = None) -> None:
             if not watch._training:
                 return
@@ -81,7 +81,7 @@ def batch_hooks(watch: Any, read: Callable[[], list],
 
         return on_batch_end
 
-    def announcer(phase: str, name_step: Optional[Callable]) -> Callable:
+    def begin_hook(phase: str, name_step: Optional[Callable]) -> Callable:
         def on_batch_begin(batch: int, logs: Optional[dict] = None) -> None:
             if not watch._training:
                 return
@@ -99,13 +99,13 @@ def batch_hooks(watch: Any, read: Callable[[], list],
 
         return on_batch_begin
 
-    hooks = {"on_train_batch_end": sampler("train", figures),
-             "on_test_batch_end": sampler("test", None)}
+    hooks = {"on_train_batch_end": end_hook("train", figures),
+             "on_test_batch_end": end_hook("test", None)}
     if in_order:
         hooks["on_train_batch_begin"] = hooks["on_test_batch_begin"] = _nothing
     else:
-        hooks["on_train_batch_begin"] = announcer("train", plans)
-        hooks["on_test_batch_begin"] = announcer("test", None)
+        hooks["on_train_batch_begin"] = begin_hook("train", plans)
+        hooks["on_test_batch_begin"] = begin_hook("test", None)
     return hooks
 
 
