@@ -5,10 +5,10 @@ The sampler turns a block of the probes' readings into one table per device
 the best value each sample has. Where no peak since the previous sample
 can be known, `peak_bytes` is missing: the memory in use at a batch's end
 is not a peak (on an asynchronous backend it jitters by the step in
-flight), and judging it would raise alarms that no source backs. A probe that raises, returns
-garbage or is too slow gives missing values, is reported once per fit, and
-is switched off after `max_failures` failures in a row; nothing it does
-escapes `sample()`.
+flight), and judging it would raise alarms that no source backs. A probe
+that raises, returns garbage or is too slow gives missing values, is
+reported once per fit, and is switched off after `max_failures` failures
+in a row; nothing it does escapes `sample()`.
 """
 
 from __future__ import annotations
