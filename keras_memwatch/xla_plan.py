@@ -84,7 +84,8 @@ def batch_bytes(batch: tuple[Any, Any], size: int) -> int:
     return sum(size * math.prod(a.shape[1:]) * a.dtype.itemsize for a in leaves)
 
 
-def working_bytes(model: Any, batch: tuple[Any, Any], size: int) -> int:
+def working_bytes(model: Any, batch: tuple[Any, Any], size: int,
+                  compiler_options: Optional[dict[str, Any]] = None) -> int:
     """Device bytes a `fit` step on `size` samples needs beyond the training
     state: the compiled plan (arguments + outputs - donated + temporaries)
     less the state, which is in memory already, plus the batch Keras sends
@@ -95,6 +96,8 @@ def working_bytes(model: Any, batch: tuple[Any, Any], size: int) -> int:
         batch: `(x, y)` arrays with at least one sample; only their shapes
             past the first axis and their dtypes are used.
         size: the batch size to plan for.
+        compiler_options: XLA options of the compilation (`fit` compiles
+            with none).
     """
     import jax
 
@@ -104,7 +107,9 @@ def working_bytes(model: Any, batch: tuple[Any, Any], size: int) -> int:
         [v.value for v in model.optimizer.variables],
         [v.value for v in model.metrics_variables],
     )
-    compiled = jitted_train_step(model).lower(state, batch_spec(batch, size)).compile()
+    lowered = jitted_train_step(model).lower(state, batch_spec(batch, size))
+    compiled = (lowered.compile(compiler_options=compiler_options) if compiler_options
+                else lowered.compile())
     plan = planned_bytes(compiled)
     state_bytes = sum(int(leaf.nbytes) for leaf in jax.tree_util.tree_leaves(state))
     # Keras's JAX trainer sends the next batch to an accelerator while a

@@ -54,8 +54,8 @@ How a step's working memory is measured, per device (`method="auto"`):
 - JAX on a GPU: the ladder trains one size and compiles the others side by
   side; the checks share rounds of parallel compilations, the ceiling is
   aimed by compilations without autotuning and the answer is confirmed by
-  the compilation `fit` makes, and so is the ceiling where autotuning
-  changed the answer's plan (`xla_compile`, `xla_check`).
+  the compilation `fit` makes, and so is the ceiling, where autotuning
+  can change the plan far more (`xla_compile`, `xla_check`).
 - JAX on the CPU: the host's peak RSS answers; XLA's plan at the same
   sizes (from JAX's cache) is reported beside it, and the smaller answer
   is used, saying why (`alternatives`).

@@ -11,12 +11,11 @@ To be quick, the searches share rounds of compilations run side by side
 `fit` makes it is mostly autotuning, which runs on the device one
 compilation at a time (an H200, a transformer: 13 s alone, 43 s for four
 side by side), both searches compile without autotuning (eight side by side
-in 12 s), and only the answer is compiled as `fit` compiles it, once when
-the two plans agree (so `fit` at the answer finds it in JAX's cache), while
-the ceiling is searched. Where autotuning changed the answer's plan, it
-changes it more near the ceiling, where XLA recomputes activations, so the
-ceiling is then checked as `fit` compiles it too. The ceiling is told to
-3%.
+in 12 s), and only the sizes the answers rest on are compiled as `fit`
+compiles them: the answer, once when the two plans agree (so `fit` at the
+answer finds it in JAX's cache), while the ceiling is searched; then the
+ceiling, where autotuning can change the plan much more, since XLA
+recomputes activations there. The ceiling is told to 3%.
 """
 
 from __future__ import annotations
@@ -40,6 +39,7 @@ CEILING_RESOLUTION = 0.03  # the ceiling without headroom is told to 3%
 AGREE = 0.01  # autotuned and aimed plans that agree this well are one
 AUTOTUNED_WIDTH = 2  # autotuned compilations a round (GPU)
 MAX_CEILING_AUTOTUNED = 6  # autotuned compilations for the ceiling (GPU)
+FAR = 8  # steps down, at most, that one round of the ceiling's search jumps
 
 
 def _quiet(message: str) -> None:
@@ -85,16 +85,21 @@ def check_compiled(estimate: CapacityEstimate, model: Any, sample: tuple[Any, An
 
             xla_compile.search([answer], aim, aimed, MAX_AIM, planner.parallel)
             # The answer is checked as fit compiles it (autotuning, on the
-            # device) while the ceiling is searched without (on the CPU).
+            # device) while the ceiling is searched without (on the CPU),
+            # then checked as fit compiles it too.
             aimed_answer = answer.lo
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
                 checking = pool.submit(_as_fit_compiles, planner, answer,
                                        dict(aimed), need, room)
                 xla_compile.search([ceiling], aim, aimed, MAX_AIM,
                                    planner.parallel)
+                ceiling, tuned = _ceiling_as_fit_compiles(
+                    planner, ceiling, aimed, need,
+                    alone=_agree(aimed_answer, aimed, dict(need)))
                 answer = checking.result()
-            if _autotuning_changed(aimed_answer, aimed, need):
-                ceiling = _ceiling_as_fit_compiles(planner, ceiling, aimed, need)
+            need.update(tuned)
+            if ceiling.lo is None:  # the answer's plans fit, at least
+                ceiling.update(need)
         else:
             xla_compile.search([answer, ceiling], planner.plans, need,
                                2 * MAX_CHECKS, planner.parallel)
@@ -117,7 +122,7 @@ def check_compiled(estimate: CapacityEstimate, model: Any, sample: tuple[Any, An
              + f", {seconds:.0f} s.")
     explanation = (_answer_text(estimate, plans, room, lo, hi, line)
                    + _ceiling_text(estimate, plans, full, ceiling.lo, ceiling.hi,
-                                   line_ceiling, _ceiling_how(accelerator, ceiling, need))
+                                   line_ceiling, _ceiling_how(accelerator, ceiling))
                    + count)
     return dataclasses.replace(estimate, predicted_batch_size=predicted,
                                ceiling_batch_size=ceiling.lo,
@@ -159,55 +164,85 @@ def _as_fit_compiles(planner: xla_compile.Planner, aimed_answer: xla_compile.Tar
     return confirmed
 
 
-def _autotuning_changed(size: Optional[int], aimed: dict[int, float],
-                        need: dict[int, float]) -> bool:
-    """Whether the plan of `size` as `fit` compiles it differs from the
-    aimed one by more than `AGREE`."""
+def _agree(size: Optional[int], aimed: dict[int, float],
+           need: dict[int, float]) -> bool:
+    """Whether the plan of `size` as `fit` compiles it is known and within
+    `AGREE` of the aimed one."""
     if size is None or size not in need or size not in aimed:
         return False
-    return abs(need[size] - aimed[size]) > AGREE * aimed[size]
+    return abs(need[size] - aimed[size]) <= AGREE * aimed[size]
 
 
 def _ceiling_as_fit_compiles(planner: xla_compile.Planner,
                              aimed_ceiling: xla_compile.Target,
-                             aimed: dict[int, float],
-                             need: dict[int, float]) -> xla_compile.Target:
+                             aimed: dict[int, float], need: dict[int, float],
+                             alone: bool = False
+                             ) -> tuple[xla_compile.Target, dict[int, float]]:
     """The ceiling checked with the compilation `fit` makes (autotuned).
 
-    Called where autotuning changed the answer's plan: near the ceiling,
-    where XLA recomputes activations, it changes it more (the block on an
-    H200 under 6 GiB: +5% at batch 282, +9% at 484, +14% at 552, the
-    ceiling of the plans without autotuning; 496 ran out of memory). So
-    the aimed ceiling is compiled as `fit` compiles it, beside
-    the size where the aimed plans, scaled by the ratio of the two plans
-    at the sizes compiled both ways, reach the limit; then the search goes
-    on from where that ratio, known at more sizes, aims it, two autotuned
-    compilations at a time, to 3%. Where no autotuned plan fits within
-    `MAX_CEILING_AUTOTUNED` compilations, the aimed ceiling stands.
+    Near the ceiling, where XLA recomputes activations, autotuning can
+    change the plan far more than at the answer (an H200 under 6 GiB: the
+    block +5% at its answer and +14% at 552, the ceiling of the aimed
+    plans; the transformer +0% at its answer and +9% at 254, where 243 ran
+    out of memory). So the aimed ceiling is compiled as `fit` compiles it,
+    beside the size a step (3%) below (alone where the answer's two plans
+    agree: then it fits more often, and autotuning runs one compilation at
+    a time on the device); where it fits, it stands. Else the
+    search goes down, two autotuned compilations a round (at most
+    `MAX_CEILING_AUTOTUNED`): a step at a time, or, where the line through
+    the lowest failing plans reaches the limit further down (they climb
+    steeply above the ceiling), there; where that is more than `FAR`
+    steps down, the aimed plans scaled by the ratio of the two plans aim it
+    instead.
+
+    Args:
+        planner: compiles the plans.
+        aimed_ceiling: the ceiling's bracket from the aimed plans.
+        aimed: the aimed plans.
+        need: plans as `fit` compiles them, of the answer (read only: it may
+            still be growing in another thread).
+        alone: the first round compiles the aimed ceiling alone.
+
+    Returns:
+        The ceiling's bracket (`lo` None where no size tried fits) and the
+        plans compiled for it.
     """
-    top, full = aimed_ceiling.lo, aimed_ceiling.free
-    if top is None or top in need:
-        return aimed_ceiling
-    tuned = xla_compile.Target(full, top, resolution=CEILING_RESOLUTION)
-    aim = _aimed_by_ratio(aimed, need, full)
-    first = [top, aim if aim is not None and aim < top else top - tuned.step(top)]
-    made = len(xla_compile.record(planner.plans(first), need))
-    tuned.update(need)
-    if tuned.lo == top:  # it fits as fit compiles it too: the bracket stands
-        tuned.hi = aimed_ceiling.hi
-        return tuned
-    while not tuned.done and made < MAX_CEILING_AUTOTUNED:
-        aim = _aimed_by_ratio(aimed, need, full)
-        sizes = [] if aim is None else [aim, aim + tuned.step(aim)]
-        sizes = [b for b in sizes if b not in need and (tuned.lo is None or b > tuned.lo)
-                 and (tuned.hi is None or b < tuned.hi)]
-        sizes = (sizes or tuned.propose(AUTOTUNED_WIDTH, set(need)))[
-            :min(AUTOTUNED_WIDTH, MAX_CEILING_AUTOTUNED - made)]
-        if not sizes:
+    top = aimed_ceiling.lo
+    own: dict[int, float] = {}  # not the answer's plans, far below
+    if top is None:
+        return aimed_ceiling, own
+    tuned = xla_compile.Target(aimed_ceiling.free, top, resolution=CEILING_RESOLUTION)
+    sizes = [top] if alone else [top, top - tuned.step(top)]
+    while sizes:
+        xla_compile.record(planner.plans(sizes[:MAX_CEILING_AUTOTUNED - len(own)]), own)
+        tuned.update(own)
+        if tuned.lo == top:  # it fits as fit compiles it too: the bracket stands
+            tuned.hi = aimed_ceiling.hi
             break
-        made += len(xla_compile.record(planner.plans(sizes), need))
-        tuned.update(need)
-    return tuned if tuned.lo is not None else aimed_ceiling
+        if tuned.done or len(own) >= MAX_CEILING_AUTOTUNED:
+            break
+        sizes = _downward(tuned, own, lambda: _aimed_by_ratio(
+            aimed, {**need, **own}, tuned.free))
+    return tuned, own
+
+
+def _downward(tuned: xla_compile.Target, own: dict[int, float],
+              by_ratio: Callable[[], Optional[int]]) -> list[int]:
+    """The next sizes of a ceiling search whose top does not fit."""
+    lo, hi = tuned.lo, tuned.hi
+    assert hi is not None
+    if lo is not None:
+        return tuned.propose(AUTOTUNED_WIDTH, set(own))
+    walk = hi - tuned.step(hi)
+    guess = tuned.interpolate()  # None where the failing plans are flat
+    if guess is not None and guess < walk - FAR * tuned.step(walk):
+        guess = by_ratio()
+    if guess is not None and guess < walk - 2 * tuned.step(walk):
+        guess = max(guess, walk - FAR * tuned.step(walk), 1)
+        sizes = [guess, guess + tuned.step(guess)]
+    else:
+        sizes = [walk, walk - tuned.step(walk)]
+    return [b for b in sizes if 1 <= b < hi and b not in own]
 
 
 def _aimed_by_ratio(aimed: dict[int, float], need: dict[int, float],
@@ -241,14 +276,12 @@ def _aimed_by_ratio(aimed: dict[int, float], need: dict[int, float],
     return min(max(guess, low), high - 1) if high > low else low
 
 
-def _ceiling_how(accelerator: bool, ceiling: xla_compile.Target,
-                 need: dict[int, float]) -> str:
+def _ceiling_how(accelerator: bool, ceiling: xla_compile.Target) -> str:
     """How the ceiling was planned, where plans were compiled two ways."""
     if not accelerator:
         return ""
-    how = ("as `fit` compiles it" if ceiling.lo in need
-           else "planned without autotuning")
-    return f" ({how}, to {CEILING_RESOLUTION:.0%})"
+    told = f", to {CEILING_RESOLUTION:.0%}" if ceiling.done else ""
+    return f" (as `fit` compiles it{told})"
 
 
 def _checked(need: dict[int, float]) -> tuple[tuple[int, int], ...]:
@@ -290,7 +323,10 @@ def _ceiling_text(estimate: CapacityEstimate, need: dict[int, float], full: floa
                   line_ceiling: int, how: str = "") -> str:
     """The explanation of the ceiling without headroom, or `""`."""
     if ceiling is None:
-        return ""
+        return ("" if above is None or not how else
+                f" Without headroom, batch {above}, the smallest tried for the "
+                f"ceiling, would need {_bytes(need[above])} of {format_bytes(full)}"
+                f"{how}: the ceiling lies lower and is not known.")
     text = (f" Without headroom, up to batch {ceiling} fits{how} "
             f"({format_bytes(need[ceiling])} of {format_bytes(full)}"
             + ("" if above is None else

@@ -35,6 +35,10 @@ logger = logging.getLogger("keras_memwatch")
 AIM_OPTIONS: dict[str, Any] = {"xla_gpu_autotune_level": 0}
 MAX_WORKERS = 8
 MAX_SIZE = 2**31
+#: A round probes upward up to this times the largest size that fits (XLA's
+#: recomputation lifted ceilings 1.5x above the line on an H200); larger
+#: sizes take longest to compile, and a later round goes on upward.
+MAX_ABOVE = 2.0
 
 
 def workers() -> int:
@@ -163,8 +167,11 @@ class Planner:
                       f"{time.perf_counter() - self.began:.0f} s]")
 
 
-def plan_one(model: Any, batch: tuple[Any, Any], size: int) -> int:
-    """The working bytes of one size (`xla_plan.working_bytes`)."""
+def plan_one(model: Any, batch: tuple[Any, Any], size: int, aim: bool = False) -> int:
+    """The working bytes of one size (`xla_plan.working_bytes`); with `aim`,
+    on a GPU, compiled without autotuning (`AIM_OPTIONS`)."""
+    if aim and _on_accelerator():
+        return xla_plan.working_bytes(model, batch, size, compiler_options=AIM_OPTIONS)
     return xla_plan.working_bytes(model, batch, size)
 
 
@@ -175,8 +182,8 @@ class Target:
         free: the bytes the plan may need.
         start: the size to try first (the line's answer).
         more_likely: whether more than `start` is expected to fit (XLA
-            recomputes activations near the limit), so a round with room
-            also probes above.
+            recomputes activations near the limit), so a first round with
+            room also probes above (up to `MAX_ABOVE` times `start`).
         resolution: the bracket is done within this fraction of its top.
         factor: the step outside a one-sided bracket.
         around: `start` was aimed (by plans compiled another way): the
@@ -253,10 +260,10 @@ class Target:
         if lo is None and hi is None:
             s = self.start
             sizes = [s, s + self.step(s)]
-            up = s
-            while len(sizes) < k and self.more_likely:
-                up = int(math.ceil(up * self.factor))
+            up = int(math.ceil(s * self.factor))
+            while len(sizes) < k and self.more_likely and up <= MAX_ABOVE * s:
                 sizes.append(up)
+                up = int(math.ceil(up * self.factor))
             i = 1
             while len(sizes) < k and self.around:
                 sizes.append(max(s - i * self.step(s), 1))
@@ -295,6 +302,8 @@ class Target:
                 sizes.append(lo + self.step(lo))
             while len(sizes) < k:
                 up = max(int(math.ceil(up * self.factor)), up + 1)
+                if up > MAX_ABOVE * lo and sizes:
+                    break
                 sizes.append(up)
             return sizes
         if lo is None:

@@ -219,7 +219,7 @@ def fake_plans(monkeypatch, working_bytes):
 
     planned = []
 
-    def one(model, batch, size):
+    def one(model, batch, size, **options):
         planned.append(size)
         return working_bytes(size)
 
