@@ -4,8 +4,8 @@ For each model (a transformer on token inputs, a convnet, a
 transformer-like block and a small ResNet), under a memory limit set with
 `configure_memory(memory_limit_mb=...)`:
 
-1. estimate the largest batch, each model in turn, in this process, timed
-   (the model restored exactly is checked);
+1. estimate the largest batch, each model in turn, each in a fresh process
+   (but with `--tiny`), timed (the model restored exactly is checked);
 2. train the recommended size (headroom 0.1) for real, in a fresh process:
    it must run;
 3. train the prediction without headroom, then search (bounded:
@@ -555,9 +555,29 @@ def verify_trials(name: str, backend: str, primary: dict[str, Any],
 
 def verify_model(name: str, backend: str, methods: list[str],
                  args: argparse.Namespace) -> dict[str, Any]:
+    """The model's estimates, each in a fresh process (what an earlier model
+    left on the device would count as in use), unless `--tiny`."""
     log(f"model {name}: estimate")
-    estimates = {m: estimate(name, m, backend) for m in methods}
+    estimates = {m: estimate(name, m, backend) if args.tiny
+                 else estimate_in_child(name, m, backend, args.limit_mb)
+                 for m in methods}
     return {"model": name, "backend": backend, "estimates": estimates}
+
+
+def estimate_in_child(name: str, method: str, backend: str,
+                      limit_mb: float) -> dict[str, Any]:
+    """`estimate` in a fresh process; its output is printed here."""
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.verify_capacity", "--limit-mb",
+         str(limit_mb), "--estimate", name, method],
+        capture_output=True, text=True, env=dict(os.environ, KERAS_BACKEND=backend))
+    lines = done.stdout.splitlines()
+    print("\n".join(line for line in lines if not line.startswith("{")), flush=True)
+    for line in reversed(lines):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise RuntimeError(f"the estimate of {name} exited {done.returncode}: "
+                       f"{done.stderr[-1000:]}")
 
 
 def _error(predicted: Optional[int], largest: Optional[int]) -> Optional[float]:
@@ -635,6 +655,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                              "--cpu-as-limit-mb)")
     parser.add_argument("--trial", nargs=2, metavar=("MODEL", "BATCH"),
                         help="one trial in this process: prints its JSON")
+    parser.add_argument("--estimate", nargs=2, metavar=("MODEL", "METHOD"),
+                        help="one estimate in this process: prints its JSON")
     parser.add_argument("--trial-steps", type=int, default=STEPS,
                         help=f"steps of a --trial (default {STEPS})")
     parser.add_argument("--trial-how", choices=("fit", "train_on_batch"),
@@ -671,6 +693,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                                args.trial_steps, args.trial_how, args.trial_warm,
                                args.trial_clear_workspaces,
                                args.trial_build_optimizer, args.trial_warm_how)))
+        return 0
+    if args.estimate:
+        print(json.dumps(estimate(args.estimate[0], args.estimate[1], backend),
+                         default=str))
         return 0
     log(str(config))
     limit_bytes = config.limit_bytes(0)
