@@ -169,9 +169,17 @@ class Planner:
 
 def plan_one(model: Any, batch: tuple[Any, Any], size: int, aim: bool = False) -> int:
     """The working bytes of one size (`xla_plan.working_bytes`); with `aim`,
-    on a GPU, compiled without autotuning (`AIM_OPTIONS`)."""
+    on a GPU, compiled without autotuning (`AIM_OPTIONS`) where XLA takes
+    that option."""
     if aim and _on_accelerator():
-        return xla_plan.working_bytes(model, batch, size, compiler_options=AIM_OPTIONS)
+        try:
+            return xla_plan.working_bytes(model, batch, size,
+                                          compiler_options=AIM_OPTIONS)
+        except Exception as e:
+            if is_oom_error(e):
+                raise
+            logger.info("estimate_max_batch_size: compiling with %s failed (%r); "
+                        "compiling as fit does", AIM_OPTIONS, e)
     return xla_plan.working_bytes(model, batch, size)
 
 

@@ -151,3 +151,25 @@ def test_a_linear_target_is_settled_by_interpolation():
     made = search([target], plans, need, 10, 1)
     assert (target.lo, target.hi) == (99, 100)
     assert made <= 4
+
+
+def test_one_plan_aims_without_autotuning_where_xla_takes_the_option(monkeypatch):
+    from keras_memwatch import xla_plan
+    from keras_memwatch.capacity import xla_compile
+
+    options = []
+
+    def working_bytes(model, batch, size, compiler_options=None):
+        options.append(compiler_options)
+        if compiler_options and refuse:
+            raise ValueError("No such compile option: 'xla_gpu_autotune_level'")
+        return 42 * MIB
+
+    monkeypatch.setattr(xla_compile, "_on_accelerator", lambda: True)
+    monkeypatch.setattr(xla_plan, "working_bytes", working_bytes)
+    refuse = False
+    assert xla_compile.plan_one(None, None, 8, aim=True) == 42 * MIB
+    assert options == [xla_compile.AIM_OPTIONS]
+    refuse = True  # then as fit compiles it
+    assert xla_compile.plan_one(None, None, 8, aim=True) == 42 * MIB
+    assert options[1:] == [xla_compile.AIM_OPTIONS, None]
