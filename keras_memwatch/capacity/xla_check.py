@@ -185,15 +185,15 @@ def _ceiling_as_fit_compiles(planner: xla_compile.Planner,
     block +5% at its answer and +14% at 552, the ceiling of the aimed
     plans; the transformer +0% at its answer and +9% at 254, where 243 ran
     out of memory). So the aimed ceiling is compiled as `fit` compiles it,
-    beside the size a step (3%) below (alone where the answer's two plans
-    agree: then it fits more often, and autotuning runs one compilation at
-    a time on the device); where it fits, it stands. Else the
-    search goes down, two autotuned compilations a round (at most
-    `MAX_CEILING_AUTOTUNED`): a step at a time, or, where the line through
-    the lowest failing plans reaches the limit further down (they climb
-    steeply above the ceiling), there; where that is more than `FAR`
-    steps down, the aimed plans scaled by the ratio of the two plans aim it
-    instead.
+    beside the size a step (3%) below where autotuning changed the answer's
+    plan, alone elsewhere (autotuning runs one compilation at a time on the
+    device; on an H200 the convnet's and the ResNet's ceilings fit so).
+    Where it fits, it stands. Else the search goes down, two autotuned
+    compilations a round (at most `MAX_CEILING_AUTOTUNED`): a step at a
+    time, or, where the line through the lowest failing plans reaches the
+    limit further down (they climb steeply above the ceiling), there;
+    where that is more than `FAR` steps down, the aimed plans scaled by the
+    ratio of the two plans aim it instead.
 
     Args:
         planner: compiles the plans.
