@@ -104,12 +104,11 @@ class CapacityEstimate:
             headroom), where it was searched: on JAX (method `"xla"`) the
             largest whose compiled step fits (XLA fits a step it would
             otherwise not by recomputing activations, so this can be well
-            above what the line says, with slower steps), on a GPU to 3%
-            from plans compiled without autotuning, which near XLA's limit
-            may plan 10-16% less than `fit`'s compilation (an H200), and
-            checked as `fit` compiles it where autotuning changed the
-            answer's plan (the explanation says which); on a
-            GPU measured by the probes under an allocator cap, the largest
+            above what the line says, with slower steps), on a GPU aimed by
+            plans compiled without autotuning, which near XLA's limit may
+            plan 10-16% less than `fit`'s compilation (an H200), then
+            checked and searched to 3% as `fit` compiles it; on a GPU
+            measured by the probes under an allocator cap, the largest
             batch that trained two real steps: in a new process where
             `fresh_process` ran (PyTorch), else in the measuring one.
         checked: `(batch_size, working_bytes)` of XLA's compiled plan at

@@ -147,7 +147,7 @@ def _as_fit_compiles(planner: xla_compile.Planner, aimed_answer: xla_compile.Tar
     if lo is None:
         return aimed_answer
     got = xla_compile.record(planner.plans([lo]), need)[lo]
-    if got <= room and abs(got - aimed[lo]) <= AGREE * aimed[lo]:
+    if got <= room and _agree(lo, aimed, need):
         confirmed = xla_compile.Target(room, lo)
         confirmed.lo, confirmed.hi = lo, aimed_answer.hi
         return confirmed
