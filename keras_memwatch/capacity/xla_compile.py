@@ -111,16 +111,40 @@ class Planner:
             `{size: working bytes}`; a size whose compilation failed maps to
             its exception (an out-of-memory one is retried alone first).
         """
-        options = self.aim_options if aim else None
+        return self._compiled(sizes, self._lowered(sizes), aim)
+
+    def submit(self, sizes: Sequence[int], aim: bool = False
+               ) -> concurrent.futures.Future:
+        """`plans`, traced here and compiled in a thread of its own, so the
+        caller can go on (XLA's compiler releases the GIL).
+
+        Returns:
+            A future of what `plans` returns.
+        """
+        lowered = self._lowered(sizes)
+        pool = concurrent.futures.ThreadPoolExecutor(1)
+        try:
+            return pool.submit(self._compiled, sizes, lowered, aim)
+        finally:
+            pool.shutdown(wait=False)
+
+    def _lowered(self, sizes: Sequence[int]) -> dict[int, Any]:
+        """Each size traced and lowered, or the exception."""
         out: dict[int, Any] = {}
-        lowered: dict[int, tuple[Any, int, int]] = {}
         with self._tracing:  # tracing runs Keras's Python: one at a time
             for size in sizes:
                 try:
-                    lowered[size] = self._lower(size)
+                    out[size] = self._lower(size)
                 except Exception as e:
                     out[size] = e
-        jobs = list(lowered)
+        return out
+
+    def _compiled(self, sizes: Sequence[int], lowered: dict[int, Any],
+                  aim: bool) -> dict[int, Any]:
+        """The plans of the lowered sizes, compiled side by side."""
+        options = self.aim_options if aim else None
+        out = {b: v for b, v in lowered.items() if isinstance(v, Exception)}
+        jobs = [b for b in lowered if b not in out]
         if self.parallel > 1 and len(jobs) > 1:
             with concurrent.futures.ThreadPoolExecutor(
                     min(self.parallel, len(jobs))) as pool:
@@ -340,7 +364,8 @@ def record(plans: dict[int, Any], need: dict[int, float]) -> dict[int, float]:
 
 
 def search(targets: Sequence[Target], plans: Callable[[list[int]], dict[int, Any]],
-           need: dict[int, float], max_compilations: int, width: int) -> int:
+           need: dict[int, float], max_compilations: int, width: int,
+           until: Optional[Callable[[], bool]] = None) -> int:
     """Rounds of compilations until every target is done or the budget ends.
 
     Args:
@@ -350,6 +375,7 @@ def search(targets: Sequence[Target], plans: Callable[[list[int]], dict[int, Any
             not fitting, after `plans` retried it).
         max_compilations: the most compilations in all.
         width: compilations per round (at least 1).
+        until: stops the rounds early once it returns True.
 
     Returns:
         The number of compilations made.
@@ -362,7 +388,7 @@ def search(targets: Sequence[Target], plans: Callable[[list[int]], dict[int, Any
     for t in targets:
         t.update(need)
     first = True
-    while made < max_compilations:
+    while made < max_compilations and not (until is not None and until()):
         active = [t for t in targets if not t.done]
         if not active:
             break
@@ -372,10 +398,10 @@ def search(targets: Sequence[Target], plans: Callable[[list[int]], dict[int, Any
         room = min(max(width, least), max_compilations - made)
         share = max(1, room // len(active))
         sizes: list[int] = []
-        for t in active:
-            for b in t.propose(share, set(need) | set(sizes)):
-                if len(sizes) < room:
-                    sizes.append(b)
+        for i, t in enumerate(active):
+            # Each target its share, the last one also what others left.
+            k = room - len(sizes) - share * (len(active) - 1 - i)
+            sizes += t.propose(k, set(need) | set(sizes))
         if not sizes:
             break
         made += len(record(plans(sizes), need))

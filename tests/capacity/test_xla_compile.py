@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+
 import pytest
 
 from capacity_helpers import GIB, MIB
@@ -39,6 +41,11 @@ class FakePlanner:
             return {b: plan(b, shift=12) for b in sizes}
         return {b: self.tuned(b) for b in sizes}
 
+    def submit(self, sizes, aim=False):
+        done = concurrent.futures.Future()
+        done.set_result(self.plans(sizes, aim))
+        return done
+
 
 def line_estimate():
     limit, in_use = 8 * GIB, 0
@@ -62,7 +69,9 @@ def test_searched_without_autotuning_then_each_answer_compiled_once_as_fit_does(
     assert CLIFF * 0.97 <= checked.ceiling_batch_size <= (CLIFF + 12) * 1.0
     default_rounds = [sizes for aim, sizes in planner.rounds if not aim]
     assert default_rounds == [[line], [checked.ceiling_batch_size]]
-    assert len(planner.rounds) <= 7
+    # the line's answer compiles as fit does first, while both searches aim
+    assert planner.rounds[0] == (False, [line])
+    assert len(planner.rounds) <= 6
     assert "without autotuning, 8 side by side" in checked.explanation
     assert "(as `fit` compiles it, to 3%)" in checked.explanation
 
@@ -130,6 +139,21 @@ def test_where_autotuning_changes_the_plan_the_answer_is_aimed_again(scale):
     default_rounds = [sizes for aim, sizes in planner.rounds if not aim]
     assert default_rounds[0] == [line] and len(default_rounds) <= 3
     assert all(len(sizes) <= 2 for sizes in default_rounds)
+    # the line's own plan as fit compiles it aims again: no compilation of
+    # the aimed answer in between
+    assert len(default_rounds[1]) == 2
+
+
+def test_the_answer_and_the_ceiling_aim_in_shared_rounds():
+    estimate, line = line_estimate()
+    planner = FakePlanner()
+    check_compiled(estimate, None, None, lambda s: None, planner)
+    aim, first = planner.rounds[1]
+    ceiling = estimate.batch_size_for(0.0)
+    assert aim and {line, line + line // 100, ceiling} <= set(first)
+    # the answer needs two; the ceiling takes more than its half of eight
+    assert len([b for b in first if b >= ceiling]) > 4 and len(first) <= 8
+    assert all(b <= 2 * ceiling for b in first)
 
 
 def test_without_aiming_the_same_answers_in_default_compilations():
