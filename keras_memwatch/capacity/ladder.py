@@ -159,9 +159,7 @@ def _climb_xla(model: Any, data: Batches, meter: Meter,
     queue = list(sizes) if sizes is not None else [START]
     first = queue.pop(0)
     batch = data.take(first)
-    planner = xla_compile.Planner(model, data.take(1), progress)
-    ran, working = _measured(model, batch, first, meter, ladder,
-                             plan=_first_plan(planner, first))
+    ran, working = _measured(model, batch, first, meter, ladder)
     if not ran:
         return ladder
     if working is None or meter.method != "xla":  # fell back to the probes
@@ -177,6 +175,7 @@ def _climb_xla(model: Any, data: Batches, meter: Meter,
                           host_bound(data, meter))
     if not queue:
         return ladder
+    planner = xla_compile.Planner(model, data.take(1), progress)
     _plan(planner, queue, ladder)
     if sizes is None and ladder.points and not fit_linear(ladder.points).linear:
         # Small batches' plans can hold a workspace that does not grow with
@@ -184,27 +183,6 @@ def _climb_xla(model: Any, data: Batches, meter: Meter,
         _plan(planner, larger_sizes(ladder.points, _free(ladder, meter, headroom),
                                     host_bound(data, meter)), ladder)
     return ladder
-
-
-def _first_plan(planner: xla_compile.Planner, size: int
-                ) -> Optional[Callable[[], int]]:
-    """On a GPU, the first size's plan compiling in a thread while its real
-    step runs (both take seconds); elsewhere None, as a compilation there
-    would count in the host memory the step is measured by."""
-    if planner.aim_options is None:
-        return None
-    try:
-        pending = planner.submit([size], aim=True)
-    except Exception:
-        return None  # the meter compiles it again, and says why it cannot
-
-    def plan() -> int:
-        working = pending.result()[size]
-        if isinstance(working, Exception):
-            raise working
-        return int(working)
-
-    return plan
 
 
 def _plan(planner: xla_compile.Planner, sizes: list[int], ladder: Ladder) -> None:
@@ -262,12 +240,12 @@ def xla_sizes(first: int, working: int, free: Optional[float],
     return sorted({low, mid, top} - {first})
 
 
-def _measured(model: Any, batch: Any, size: int, meter: Any, ladder: Any,
-              plan: Optional[Callable[[], int]] = None) -> tuple[bool, Optional[int]]:
+def _measured(model: Any, batch: Any, size: int, meter: Any,
+              ladder: Any) -> tuple[bool, Optional[int]]:
     """`(True, working memory)` of one size, or `(False, None)` when it ran
     out of memory (said in `ladder`, which stops there)."""
     try:
-        return True, _measure_size(model, batch, size, meter, ladder, plan)
+        return True, _measure_size(model, batch, size, meter, ladder)
     except Exception as e:
         if not is_oom_error(e):
             raise
@@ -279,10 +257,8 @@ def _measured(model: Any, batch: Any, size: int, meter: Any, ladder: Any,
 
 
 def _measure_size(model: Any, batch: tuple[Any, Any], size: int, meter: Meter,
-                  ladder: Ladder, plan: Optional[Callable[[], int]] = None
-                  ) -> Optional[int]:
-    """Trains on `batch` and measures a step (see `Meter.measure`; `plan`,
-    XLA's plan of it being compiled already).
+                  ladder: Ladder) -> Optional[int]:
+    """Trains on `batch` and measures a step (see `Meter.measure`).
 
     The first step at a size compiles for its shape (and, at the first
     size, builds and warms up); the baseline and the limit are read after
@@ -297,7 +273,7 @@ def _measure_size(model: Any, batch: tuple[Any, Any], size: int, meter: Meter,
     if meter.baseline is None:
         meter.set_baseline()
         ladder.limit = meter.limit()
-    return meter.measure(step, model, batch, size, plan)
+    return meter.measure(step, model, batch, size)
 
 
 def _free(ladder: Ladder, meter: Meter, headroom: float) -> Optional[float]:

@@ -166,8 +166,7 @@ class Meter:
             self._mark = self._row().get(self.peak_column)
 
     def measure(self, step: Callable[[], Any], model: Any,
-                batch: tuple[Any, Any], size: int,
-                plan: Optional[Callable[[], int]] = None) -> Optional[int]:
+                batch: tuple[Any, Any], size: int) -> Optional[int]:
         """Runs `step` and returns its working memory.
 
         Args:
@@ -175,8 +174,6 @@ class Meter:
             model: the model `step` trains.
             batch: `(x, y)` of `size` samples.
             size: the batch size.
-            plan: method `"xla"`: returns XLA's plan of the step, compiled
-                already. Defaults to `None`: compiled here.
 
         Returns:
             The step's working memory in bytes, or `None` when an earlier,
@@ -184,7 +181,7 @@ class Meter:
         """
         assert self.baseline is not None
         if self.method == "xla":
-            return self._plan(step, model, batch, size, plan)
+            return self._plan(step, model, batch, size)
         if self.method == "reserved":
             return self._reserved_peak(step)
         if not self.on_gpu:
@@ -206,12 +203,10 @@ class Meter:
         return max(int(peak) - self.baseline, 0)
 
     def _plan(self, step: Callable[[], Any], model: Any, batch: tuple[Any, Any],
-              size: int, plan: Optional[Callable[[], int]]) -> Optional[int]:
+              size: int) -> Optional[int]:
         """Runs `step`, then reads XLA's memory plan of it."""
         step()
         try:
-            if plan is not None:
-                return plan()
             # It aims the searches, as the ladder's other sizes do.
             return xla_compile.plan_one(model, batch, size, aim=True)
         except Exception as e:

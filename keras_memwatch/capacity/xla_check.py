@@ -15,7 +15,10 @@ in 12 s), and only the sizes the answers rest on are compiled as `fit`
 compiles them: the answer, once when the two plans agree (so `fit` at the
 answer finds it in JAX's cache), while the ceiling is searched; then the
 ceiling, where autotuning can change the plan much more, since XLA
-recomputes activations there. The ceiling is told to 3%.
+recomputes activations there. The ceiling is told to 3%. (Compiling a size
+as `fit` does before aiming at it would not save time: the compilations
+are bound by the CPU, and XLA reuses the autotuning results, so the aimed
+plan of that size is no longer aimed.)
 """
 
 from __future__ import annotations
@@ -83,21 +86,21 @@ def check_compiled(estimate: CapacityEstimate, model: Any, sample: tuple[Any, An
             def aim(sizes: list[int]) -> dict[int, Any]:
                 return planner.plans(sizes, aim=True)
 
-            # The line's answer is compiled as fit compiles it (autotuning,
-            # on the device) while both searches aim (on the CPU); the
-            # answer is then checked from it while the ceiling is searched
-            # on, then checked as fit compiles it too.
-            line_tuned = planner.submit([answer.start])
+            # Both searches aim in shared rounds until the answer is found;
+            # it is then checked as fit compiles it (autotuning, on the
+            # device) while the ceiling is searched on without (on the CPU),
+            # then checked as fit compiles it too.
             xla_compile.search([answer, ceiling], aim, aimed, 2 * MAX_AIM,
                                planner.parallel, until=lambda: answer.done)
+            aimed_answer = answer.lo
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
                 checking = pool.submit(_as_fit_compiles, planner, answer,
-                                       dict(aimed), need, room, line_tuned)
+                                       dict(aimed), need, room)
                 xla_compile.search([ceiling], aim, aimed, MAX_AIM,
                                    planner.parallel)
                 ceiling, tuned = _ceiling_as_fit_compiles(
                     planner, ceiling, aimed, need,
-                    alone=_agree(answer.start, aimed, _plans(line_tuned)))
+                    alone=_agree(aimed_answer, aimed, dict(need)))
                 answer = checking.result()
             need.update(tuned)
             if ceiling.lo is None:  # the answer's plans fit, at least
@@ -133,56 +136,40 @@ def check_compiled(estimate: CapacityEstimate, model: Any, sample: tuple[Any, An
 
 def _as_fit_compiles(planner: xla_compile.Planner, aimed_answer: xla_compile.Target,
                      aimed: dict[int, float], need: dict[int, float],
-                     room: float, line_tuned: concurrent.futures.Future
-                     ) -> xla_compile.Target:
+                     room: float) -> xla_compile.Target:
     """The answer checked with the compilation `fit` makes (autotuned).
 
     Below the sizes where XLA recomputes activations, autotuning often
     changes the plan by nothing (a transformer on an H200: equal to 0.1%
-    from batch 140 to 155), so the line's answer as `fit` compiles it
-    (`line_tuned`, compiled while the searches aimed) confirms an aimed
-    answer equal to it, and one more compilation any other; `fit` at that
-    size then finds it in JAX's cache. Where autotuning does change the
-    plan (two attention layers on an H200: 6% more), the answer is aimed
-    again by the aimed plans scaled by that ratio and searched with
-    autotuned compilations, two at a time (autotuning runs on the device
-    one compilation at a time).
+    from batch 140 to 155), so one compilation of the aimed answer confirms
+    it, and `fit` at that size then finds it in JAX's cache. Where it does
+    change it (two attention layers on an H200: 6% more), the answer is
+    aimed again by the aimed plans scaled by that ratio and searched with
+    autotuned compilations, two at a time (autotuning runs on the device one
+    compilation at a time).
     """
-    start = aimed_answer.start
-    xla_compile.record(line_tuned.result(), need)
     lo = aimed_answer.lo
     if lo is None:
         return aimed_answer
-    if _agree(start, aimed, need):
-        if lo not in need:
-            xla_compile.record(planner.plans([lo]), need)
-        if need[lo] <= room and _agree(lo, aimed, need):
-            confirmed = xla_compile.Target(room, lo)
-            confirmed.lo, confirmed.hi = lo, aimed_answer.hi
-            return confirmed
-        start = lo
-    got = need[start]
-    if math.isfinite(got) and aimed.get(start, 0) > 0:
-        reaim = xla_compile.Target(room * aimed[start] / got, lo)
+    got = xla_compile.record(planner.plans([lo]), need)[lo]
+    if got <= room and _agree(lo, aimed, need):
+        confirmed = xla_compile.Target(room, lo)
+        confirmed.lo, confirmed.hi = lo, aimed_answer.hi
+        return confirmed
+    start = lo
+    if math.isfinite(got) and aimed[lo] > 0:
+        reaim = xla_compile.Target(room * aimed[lo] / got, lo)
         # Only the answer's own plans: the ceiling's, where XLA recomputes
         # activations, bend the line.
         top = aimed_answer.hi or lo
         reaim.update({b: n for b, n in aimed.items() if b <= top})
         start = reaim.interpolate() or lo
-    else:
-        start = lo
     confirmed = xla_compile.Target(room, max(start, 1))
     xla_compile.record(
         planner.plans([confirmed.start, confirmed.start + confirmed.step(start)]), need)
     xla_compile.search([confirmed], planner.plans, need, MAX_CHECKS - 3,
                        AUTOTUNED_WIDTH)
     return confirmed
-
-
-def _plans(pending: concurrent.futures.Future) -> dict[int, float]:
-    """The plans a pending compilation returns, the failed ones left out."""
-    return {b: v for b, v in pending.result().items()
-            if not isinstance(v, Exception)}
 
 
 def _agree(size: Optional[int], aimed: dict[int, float],

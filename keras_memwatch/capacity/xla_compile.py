@@ -111,40 +111,16 @@ class Planner:
             `{size: working bytes}`; a size whose compilation failed maps to
             its exception (an out-of-memory one is retried alone first).
         """
-        return self._compiled(sizes, self._lowered(sizes), aim)
-
-    def submit(self, sizes: Sequence[int], aim: bool = False
-               ) -> concurrent.futures.Future:
-        """`plans`, traced here and compiled in a thread of its own, so the
-        caller can go on (XLA's compiler releases the GIL).
-
-        Returns:
-            A future of what `plans` returns.
-        """
-        lowered = self._lowered(sizes)
-        pool = concurrent.futures.ThreadPoolExecutor(1)
-        try:
-            return pool.submit(self._compiled, sizes, lowered, aim)
-        finally:
-            pool.shutdown(wait=False)
-
-    def _lowered(self, sizes: Sequence[int]) -> dict[int, Any]:
-        """Each size traced and lowered, or the exception."""
+        options = self.aim_options if aim else None
         out: dict[int, Any] = {}
+        lowered: dict[int, tuple[Any, int, int]] = {}
         with self._tracing:  # tracing runs Keras's Python: one at a time
             for size in sizes:
                 try:
-                    out[size] = self._lower(size)
+                    lowered[size] = self._lower(size)
                 except Exception as e:
                     out[size] = e
-        return out
-
-    def _compiled(self, sizes: Sequence[int], lowered: dict[int, Any],
-                  aim: bool) -> dict[int, Any]:
-        """The plans of the lowered sizes, compiled side by side."""
-        options = self.aim_options if aim else None
-        out = {b: v for b, v in lowered.items() if isinstance(v, Exception)}
-        jobs = [b for b in lowered if b not in out]
+        jobs = list(lowered)
         if self.parallel > 1 and len(jobs) > 1:
             with concurrent.futures.ThreadPoolExecutor(
                     min(self.parallel, len(jobs))) as pool:

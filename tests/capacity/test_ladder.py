@@ -85,38 +85,3 @@ def test_next_size_without_a_limit_doubles_up_to_the_minimum():
 
 def test_next_size_stops_after_the_most_trials():
     assert next_size(2, [], MIB, 10 * GIB, MAX_TRIALS) is None
-
-
-@pytest.mark.skipif(BACKEND != "jax", reason="the XLA plan is JAX's")
-def test_on_a_gpu_the_first_plan_compiles_while_the_first_step_runs(
-        simulated, monkeypatch):
-    import concurrent.futures
-
-    from capacity_helpers import fake_plans
-    from keras_memwatch.capacity import xla_compile
-
-    model, x, y = tiny()
-    gpu = simulated(model, name="jax", per_step=False)
-    fake_plans(monkeypatch, lambda size: 100 * MIB + 5 * MIB * size)
-    monkeypatch.setattr(xla_compile, "_on_accelerator", lambda: True)
-    events = []
-    step = gpu.step
-
-    def stepped(batch):
-        events.append(("step", batch))
-        step(batch)
-
-    def submit(self, sizes, aim=False):
-        events.append(("compiling", list(sizes), aim))
-        done = concurrent.futures.Future()
-        done.set_result(self.plans(sizes, aim))
-        return done
-
-    monkeypatch.setattr(gpu, "step", stepped)
-    monkeypatch.setattr(xla_compile.Planner, "submit", submit)
-    estimate = estimate_max_batch_size(model, x, y, trial_sizes=(2, 4, 8))
-    # submitted (aimed) before the first step, read after it
-    assert events[:2] == [("compiling", [2], True), ("step", 2)]
-    assert estimate.measurements[0] == (2, 110 * MIB)
-    assert estimate.predicted_batch_size == int(
-        (16 * GIB * 0.9 - GIB - 100 * MIB) // (5 * MIB))
