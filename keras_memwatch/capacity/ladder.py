@@ -152,10 +152,14 @@ def _climb_xla(model: Any, data: Batches, meter: Meter,
 
     The first size is trained (it builds and warms up, and gives the memory
     in use); every other size is only compiled, several at once, since
-    XLA's plan of a step is what the method reads. Where the plan cannot
-    be read at the first size, the ladder goes on with real steps and the
-    probes.
+    XLA's plan of a step is what the method reads. On a GPU nothing runs
+    (`_plans_only`). Where the plan cannot be read at the first size, the
+    ladder goes on with real steps and the probes.
     """
+    planner = xla_compile.Planner(model, data.take(1), progress)
+    if planner.aim_options is not None:
+        return _plans_only(model, data, meter, sizes, headroom, progress, ladder,
+                           planner)
     queue = list(sizes) if sizes is not None else [START]
     first = queue.pop(0)
     batch = data.take(first)
@@ -175,11 +179,54 @@ def _climb_xla(model: Any, data: Batches, meter: Meter,
                           host_bound(data, meter))
     if not queue:
         return ladder
-    planner = xla_compile.Planner(model, data.take(1), progress)
     _plan(planner, queue, ladder)
+    return _higher_if_bent(planner, data, meter, sizes, headroom, ladder)
+
+
+def _plans_only(model: Any, data: Batches, meter: Meter,
+                sizes: Optional[Sequence[int]], headroom: float,
+                progress: Callable[[str], None], ladder: Ladder,
+                planner: xla_compile.Planner) -> Ladder:
+    """The ladder of XLA plans on a GPU: every size compiled, none run.
+
+    The memory in use is the training state, built; a first real step
+    would add a compilation with autotuning (an H200, a transformer: 7 s)
+    that nothing here needs. The default ladder plans its smallest sizes
+    (`START` and `xla_sizes` at their least) in one round, then larger ones
+    where those plans are small. Where no plan can be compiled, the ladder
+    goes on with real steps and the probes.
+    """
+    meter.set_baseline()
+    ladder.limit = meter.limit()
+    make = getattr(model, "make_train_function", None)
+    if callable(make):
+        make()  # the step `fit` runs: the plans go through it
+    queue = (list(sizes) if sizes is not None
+             else [START] + xla_sizes(START, None, None, None))
+    try:
+        _plan(planner, queue, ladder)
+    except Exception as e:
+        meter.fall_back(e)
+        meter.baseline = None  # read after the first real step, as there
+        ladder.points.clear()
+        queue = list(sizes) if sizes is not None else [START]
+        return _climb(model, data, meter, sizes, headroom, progress, ladder, queue, 0)
+    if sizes is None and ladder.points:
+        first, working = ladder.points[0]
+        more = [b for b in xla_sizes(first, working, _free(ladder, meter, headroom),
+                                     host_bound(data, meter))
+                if b not in dict(ladder.points)]
+        _plan(planner, more, ladder)
+    return _higher_if_bent(planner, data, meter, sizes, headroom, ladder)
+
+
+def _higher_if_bent(planner: xla_compile.Planner, data: Batches, meter: Meter,
+                    sizes: Optional[Sequence[int]], headroom: float,
+                    ladder: Ladder) -> Ladder:
+    """Plans larger sizes where the default ladder's plans are not one line:
+    small batches' plans can hold a workspace that does not grow with the
+    batch (convolutions), so the line is looked for higher up."""
     if sizes is None and ladder.points and not fit_linear(ladder.points).linear:
-        # Small batches' plans can hold a workspace that does not grow with
-        # the batch (convolutions): the line is looked for higher up.
         _plan(planner, larger_sizes(ladder.points, _free(ladder, meter, headroom),
                                     host_bound(data, meter)), ladder)
     return ladder
@@ -217,17 +264,18 @@ def larger_sizes(points: list[tuple[int, int]], free: Optional[float],
     return out
 
 
-def xla_sizes(first: int, working: int, free: Optional[float],
+def xla_sizes(first: int, working: Optional[int], free: Optional[float],
               largest: Optional[int]) -> list[int]:
     """The sizes whose plans make the line, after the first.
 
     Three more sizes, by factors of 4 from the first, up to where the
     first plan's working memory per sample (an overestimate, as it holds
-    the constant part) reaches `TARGET` of the free memory.
+    the constant part) reaches `TARGET` of the free memory; without that
+    plan (`working` None), the least: up to 8 times the first.
     """
-    per_sample = max(working / first, 1.0)
-    top = first * 64
-    if free is not None and free > 0:
+    top = first * 64 if working is not None else first * 8
+    if working is not None and free is not None and free > 0:
+        per_sample = max(working / first, 1.0)
         while top > first * 8 and per_sample * top > TARGET * free:
             top //= 2
         while top * 2 <= MAX_BATCH and per_sample * top * 2 <= TARGET * free:

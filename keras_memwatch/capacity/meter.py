@@ -210,15 +210,22 @@ class Meter:
             # It aims the searches, as the ladder's other sizes do.
             return xla_compile.plan_one(model, batch, size, aim=True)
         except Exception as e:
-            if not self.automatic:
-                raise
-            # Keras internals moved, or a distribution is set: fall back
-            # to the allocator's high-water mark from the next size on.
-            logger.warning("XLA's memory plan of the train step is not "
-                           "available (%r); measuring with the probes", e)
-            self.method = "probes"
-            self.words = "probes" if self.per_step else "probes-hwm"
+            self.fall_back(e)
             return None
+
+    def fall_back(self, error: Exception) -> None:
+        """Measures with the probes from now on, where XLA's plan failed
+        with `error` (Keras internals moved, or a distribution is set).
+
+        Raises:
+            error: where the method `"xla"` was asked for.
+        """
+        if not self.automatic:
+            raise error
+        logger.warning("XLA's memory plan of the train step is not "
+                       "available (%r); measuring with the probes", error)
+        self.method = "probes"
+        self.words = "probes" if self.per_step else "probes-hwm"
 
     def _reserved_peak(self, step: Callable[[], Any]) -> int:
         """Runs `step` and returns PyTorch's reserved peak above the baseline."""

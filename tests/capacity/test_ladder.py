@@ -7,7 +7,7 @@ import functools
 import numpy as np
 import pytest
 
-from capacity_helpers import BACKEND, GIB, MIB, simulate_gpu, tiny
+from capacity_helpers import BACKEND, GIB, MIB, fake_plans, simulate_gpu, tiny
 from keras_memwatch.capacity import estimate_max_batch_size
 from keras_memwatch.capacity.ladder import (
     MAX_TRIALS,
@@ -85,3 +85,54 @@ def test_next_size_without_a_limit_doubles_up_to_the_minimum():
 
 def test_next_size_stops_after_the_most_trials():
     assert next_size(2, [], MIB, 10 * GIB, MAX_TRIALS) is None
+
+
+@pytest.fixture
+def on_a_gpu(monkeypatch):
+    """JAX's planner believes it compiles for a GPU."""
+    from keras_memwatch.capacity import xla_compile
+
+    monkeypatch.setattr(xla_compile, "_on_accelerator", lambda: True)
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="the XLA plan is JAX's")
+def test_on_a_gpu_the_xla_ladder_compiles_every_size_and_trains_none(
+        simulated, monkeypatch, on_a_gpu):
+    model, x, y = tiny()
+    gpu = simulated(model, name="jax", per_step=False)
+    planned = fake_plans(monkeypatch, lambda size: 100 * MIB + 5 * MIB * size)
+    estimate = estimate_max_batch_size(model, x, y)
+    assert gpu.batches == []  # nothing ran: the state as built is in use
+    assert estimate.in_use_bytes == GIB
+    # the least default ladder in one round; these plans are large enough
+    assert planned[:4] == [2, 3, 6, 16]
+    assert [b for b, _ in estimate.measurements] == [2, 3, 6, 16]
+    assert estimate.predicted_batch_size == int(
+        (16 * GIB * 0.9 - GIB - 100 * MIB) // (5 * MIB))
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="the XLA plan is JAX's")
+def test_on_a_gpu_small_plans_take_the_xla_ladder_higher(
+        simulated, monkeypatch, on_a_gpu):
+    model, x, y = tiny()
+    simulated(model, name="jax", per_step=False)
+    fake_plans(monkeypatch, lambda size: MIB + 64 * 1024 * size)
+    estimate = estimate_max_batch_size(model, x, y)
+    sizes = [b for b, _ in estimate.measurements]
+    assert {2, 3, 6, 16} <= set(sizes) and max(sizes) > 16
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="the XLA plan is JAX's")
+def test_on_a_gpu_without_the_xla_plan_the_ladder_trains_with_the_probes(
+        simulated, monkeypatch, on_a_gpu, memwatch_logs):
+    model, x, y = tiny()
+    gpu = simulated(model, name="jax", per_step=False)
+
+    def broken(size):
+        raise AttributeError("Keras moved its train function")
+
+    fake_plans(monkeypatch, broken)
+    estimate = estimate_max_batch_size(model, x, y, trial_sizes=(2, 4, 8, 16))
+    assert estimate.method == "probes"
+    assert gpu.batches[0] == 2 and estimate.per_sample_bytes == pytest.approx(10 * MIB)
+    assert "XLA's memory plan of the train step is not available" in memwatch_logs.text
