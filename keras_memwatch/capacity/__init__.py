@@ -51,8 +51,9 @@ How a step's working memory is measured, per device (`method="auto"`):
   started afresh. The allocator settings in effect are reported, and
   where `expandable_segments` is off the boundary is searched again with
   it switched on in this process (see `allocator`), then switched back.
-- JAX on a GPU: the ladder trains one size and compiles the others side by
-  side; the checks share rounds of parallel compilations, the ceiling is
+- JAX on a GPU: the ladder trains nothing: it compiles every size, side by
+  side, the memory in use being the training state as built; the checks
+  share rounds of parallel compilations, the ceiling is
   aimed by compilations without autotuning and the answer is confirmed by
   the compilation `fit` makes, and so is the ceiling, where autotuning
   can change the plan far more (`xla_compile`, `xla_check`).

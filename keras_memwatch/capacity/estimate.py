@@ -50,8 +50,10 @@ def estimate_max_batch_size(
     (batch size, working memory), and solves for the largest batch under
     the device's limit less `headroom`: `floor((limit x (1 - headroom) -
     static) / per_sample)`, where `static` is the memory in use before the
-    steps plus the line's constant part. On a GPU the answer is then
-    checked: on JAX by compiling the step at the sizes around it, on
+    steps plus the line's constant part. (JAX on a GPU reads XLA's plan of
+    the step, so it compiles the step at each size and trains none.) On a
+    GPU the answer is then checked: on JAX by compiling the step at the
+    sizes around it, on
     PyTorch and TensorFlow by training real steps near the limit and one
     at the answer itself (see `keras_memwatch.capacity`). Afterwards every
     variable of the model, its optimizer (slots, iteration counter) and its

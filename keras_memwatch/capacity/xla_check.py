@@ -78,7 +78,7 @@ def check_compiled(estimate: CapacityEstimate, model: Any, sample: tuple[Any, An
     line_ceiling = estimate.batch_size_for(0.0) or 0
     accelerator = planner.aim_options is not None
     ceiling_start = max(line_ceiling, line, 1)
-    answer = xla_compile.Target(room, max(line, 1))
+    answer = xla_compile.Target(room, max(line, 1), private=True)
     ceiling = xla_compile.Target(full, ceiling_start, more_likely=accelerator,
                                  resolution=CEILING_RESOLUTION)
     try:

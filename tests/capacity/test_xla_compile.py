@@ -23,11 +23,12 @@ class FakePlanner:
     """Plans side by side; aiming plans put the cliff 12 sizes off, and
     plans as fit compiles them are `scale` times the aimed ones."""
 
-    def __init__(self, parallel=8, aim=True, scale=1.0, tuned=None):
+    def __init__(self, parallel=8, aim=True, scale=1.0, tuned=None, aimed=None):
         self.parallel = parallel
         self.aim_options = {"xla_gpu_autotune_level": 0} if aim else None
         self.scale = scale
         self.tuned = tuned or (lambda b: plan(b, scale=scale))
+        self.aimed = aimed or (lambda b: plan(b, shift=12))
         self.compilations = self.aim_compilations = 0
         self.rounds = []
 
@@ -36,7 +37,7 @@ class FakePlanner:
         self.compilations += len(sizes)
         self.aim_compilations += len(sizes) if aim else 0
         if aim:
-            return {b: plan(b, shift=12) for b in sizes}
+            return {b: self.aimed(b) for b in sizes}
         return {b: self.tuned(b) for b in sizes}
 
 
@@ -142,6 +143,25 @@ def test_the_answer_and_the_ceiling_aim_in_shared_rounds():
     # the answer needs two; the ceiling takes more than its half of eight
     assert len([b for b in first if b >= ceiling]) > 4 and len(first) <= 8
     assert all(b <= 2 * ceiling for b in first)
+
+
+def test_the_answer_rests_on_its_own_plans_not_the_ceilings():
+    # As the block on an H200 under 6 GiB: without autotuning, the plan at
+    # the line's ceiling (326) was under the room (5.27 GiB) where 297's was
+    # over it (5.38 GiB); the answer must not jump there.
+    # The line is 2% low there, so both of the answer's first sizes fit.
+    estimate, line = line_estimate()
+    dip = estimate.batch_size_for(0.0)
+    room = 8 * GIB * 0.9
+
+    def aimed(b):
+        return int(0.95 * room) if b == dip else 0.98 * plan(b, shift=12)
+
+    planner = FakePlanner(aimed=aimed, tuned=aimed)
+    checked = check_compiled(estimate, None, None, lambda s: None, planner)
+    assert dip in dict(checked.checked)  # compiled for the ceiling
+    truth = max(b for b in range(line, dip) if aimed(b) <= room)
+    assert truth * 0.99 <= checked.predicted_batch_size <= truth < dip
 
 
 def test_without_aiming_the_same_answers_in_default_compilations():
