@@ -15,10 +15,13 @@ in 12 s), and only the sizes the answers rest on are compiled as `fit`
 compiles them: the answer, once when the two plans agree (so `fit` at the
 answer finds it in JAX's cache), while the ceiling is searched; then the
 ceiling, where autotuning can change the plan much more, since XLA
-recomputes activations there. The ceiling is told to 3%. (Compiling a size
-as `fit` does before aiming at it would not save time: the compilations
-are bound by the CPU, and XLA reuses the autotuning results, so the aimed
-plan of that size is no longer aimed.)
+recomputes activations there. The ceiling is told to 3%.
+
+The two searches aim one after the other: compilations are bound by the
+CPU, so rounds shared by both took longer than the answer's alone (an
+H200, the block: 14 s for seven against 6 s for two), and plans far above
+the answer, where XLA recomputes, are not monotonic (the block's: 5.27 GiB
+at batch 326, 5.35 GiB at 295) and would move it.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import math
+import threading
 import time
 from typing import Any, Callable, Optional
 
@@ -78,7 +82,7 @@ def check_compiled(estimate: CapacityEstimate, model: Any, sample: tuple[Any, An
     line_ceiling = estimate.batch_size_for(0.0) or 0
     accelerator = planner.aim_options is not None
     ceiling_start = max(line_ceiling, line, 1)
-    answer = xla_compile.Target(room, max(line, 1), private=True)
+    answer = xla_compile.Target(room, max(line, 1))
     ceiling = xla_compile.Target(full, ceiling_start, more_likely=accelerator,
                                  resolution=CEILING_RESOLUTION)
     try:
@@ -86,18 +90,18 @@ def check_compiled(estimate: CapacityEstimate, model: Any, sample: tuple[Any, An
             def aim(sizes: list[int]) -> dict[int, Any]:
                 return planner.plans(sizes, aim=True)
 
-            # Both searches aim in shared rounds until the answer is found;
-            # it is then checked as fit compiles it (autotuning, on the
-            # device) while the ceiling is searched on without (on the CPU),
+            xla_compile.search([answer], aim, aimed, MAX_AIM, planner.parallel)
+            # The answer is checked as fit compiles it (autotuning, on the
+            # device) while the ceiling is searched without (on the CPU),
             # then checked as fit compiles it too.
-            xla_compile.search([answer, ceiling], aim, aimed, 2 * MAX_AIM,
-                               planner.parallel, until=lambda: answer.done)
             aimed_answer = answer.lo
+            first_checked = threading.Event()
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
                 checking = pool.submit(_as_fit_compiles, planner, answer,
-                                       dict(aimed), need, room)
+                                       dict(aimed), need, room, first_checked)
                 xla_compile.search([ceiling], aim, aimed, MAX_AIM,
                                    planner.parallel)
+                first_checked.wait()
                 ceiling, tuned = _ceiling_as_fit_compiles(
                     planner, ceiling, aimed, need,
                     alone=_agree(aimed_answer, aimed, dict(need)))
@@ -136,7 +140,8 @@ def check_compiled(estimate: CapacityEstimate, model: Any, sample: tuple[Any, An
 
 def _as_fit_compiles(planner: xla_compile.Planner, aimed_answer: xla_compile.Target,
                      aimed: dict[int, float], need: dict[int, float],
-                     room: float) -> xla_compile.Target:
+                     room: float, first_checked: threading.Event
+                     ) -> xla_compile.Target:
     """The answer checked with the compilation `fit` makes (autotuned).
 
     Below the sizes where XLA recomputes activations, autotuning often
@@ -149,9 +154,12 @@ def _as_fit_compiles(planner: xla_compile.Planner, aimed_answer: xla_compile.Tar
     compilation at a time).
     """
     lo = aimed_answer.lo
-    if lo is None:
-        return aimed_answer
-    got = xla_compile.record(planner.plans([lo]), need)[lo]
+    try:
+        if lo is None:
+            return aimed_answer
+        got = xla_compile.record(planner.plans([lo]), need)[lo]
+    finally:
+        first_checked.set()  # the ceiling's check decides by this plan
     if got <= room and _agree(lo, aimed, need):
         confirmed = xla_compile.Target(room, lo)
         confirmed.lo, confirmed.hi = lo, aimed_answer.hi
@@ -159,10 +167,7 @@ def _as_fit_compiles(planner: xla_compile.Planner, aimed_answer: xla_compile.Tar
     start = lo
     if math.isfinite(got) and aimed[lo] > 0:
         reaim = xla_compile.Target(room * aimed[lo] / got, lo)
-        # Only the answer's own plans: the ceiling's, where XLA recomputes
-        # activations, bend the line.
-        top = aimed_answer.hi or lo
-        reaim.update({b: n for b, n in aimed.items() if b <= top})
+        reaim.update(aimed)
         start = reaim.interpolate() or lo
     confirmed = xla_compile.Target(room, max(start, 1))
     xla_compile.record(

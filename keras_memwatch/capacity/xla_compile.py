@@ -196,18 +196,12 @@ class Target:
         factor: the step outside a one-sided bracket.
         around: `start` was aimed (by plans compiled another way): the
             first round checks sizes on both sides of it.
-        private: only the sizes this search proposed count, not the other
-            searches' in a shared table (plans near the limit are not
-            monotonic where XLA recomputes: an H200, the block under
-            6 GiB, 5.27 GiB at batch 326 against 5.35 GiB at 295).
     """
 
     def __init__(self, free: float, start: int, more_likely: bool = False,
                  resolution: float = 0.01, factor: float = 1.25,
-                 around: bool = False, private: bool = False):
+                 around: bool = False):
         self.free = free
-        self.private = private
-        self.asked: set[int] = set()
         self.start = max(int(start), 1)
         self.more_likely = more_likely
         self.around = around
@@ -221,9 +215,7 @@ class Target:
         self.rounds = 0
 
     def update(self, need: dict[int, float]) -> None:
-        """Narrows the bracket from every plan known (its own, if private)."""
-        if self.private:
-            need = {b: n for b, n in need.items() if b in self.asked}
+        """Narrows the bracket from every plan known."""
         self.need = need
         failing = [b for b, n in need.items() if n > self.free]
         self.hi = min(failing) if failing else None
@@ -305,8 +297,6 @@ class Target:
             if (b >= 1 and b not in known and b not in out
                     and (lo is None or b > lo) and (hi is None or b < hi)):
                 out.append(b)
-        # What it wanted counts, compiled now or already known.
-        self.asked.update(out[:k] + [b for b in sizes if b in known])
         return out[:k]
 
     def _bracketing(self, k: int) -> list[int]:
@@ -350,8 +340,7 @@ def record(plans: dict[int, Any], need: dict[int, float]) -> dict[int, float]:
 
 
 def search(targets: Sequence[Target], plans: Callable[[list[int]], dict[int, Any]],
-           need: dict[int, float], max_compilations: int, width: int,
-           until: Optional[Callable[[], bool]] = None) -> int:
+           need: dict[int, float], max_compilations: int, width: int) -> int:
     """Rounds of compilations until every target is done or the budget ends.
 
     Args:
@@ -361,7 +350,6 @@ def search(targets: Sequence[Target], plans: Callable[[list[int]], dict[int, Any
             not fitting, after `plans` retried it).
         max_compilations: the most compilations in all.
         width: compilations per round (at least 1).
-        until: stops the rounds early once it returns True.
 
     Returns:
         The number of compilations made.
@@ -374,7 +362,7 @@ def search(targets: Sequence[Target], plans: Callable[[list[int]], dict[int, Any
     for t in targets:
         t.update(need)
     first = True
-    while made < max_compilations and not (until is not None and until()):
+    while made < max_compilations:
         active = [t for t in targets if not t.done]
         if not active:
             break
@@ -384,18 +372,12 @@ def search(targets: Sequence[Target], plans: Callable[[list[int]], dict[int, Any
         room = min(max(width, least), max_compilations - made)
         share = max(1, room // len(active))
         sizes: list[int] = []
-        for i, t in enumerate(active):
-            # Each target its share, the last one also what others left.
-            k = room - len(sizes) - share * (len(active) - 1 - i)
-            sizes += t.propose(k, set(need) | set(sizes))
+        for t in active:
+            for b in t.propose(share, set(need) | set(sizes)):
+                if len(sizes) < room:
+                    sizes.append(b)
         if not sizes:
-            # A search that wanted only known sizes may move on from them.
-            before = [(t.lo, t.hi) for t in targets]
-            for t in targets:
-                t.update(need)
-            if [(t.lo, t.hi) for t in targets] == before:
-                break
-            continue
+            break
         made += len(record(plans(sizes), need))
         for t in targets:
             t.update(need)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from capacity_helpers import GIB, MIB
@@ -63,9 +65,27 @@ def test_searched_without_autotuning_then_each_answer_compiled_once_as_fit_does(
     assert CLIFF * 0.97 <= checked.ceiling_batch_size <= (CLIFF + 12) * 1.0
     default_rounds = [sizes for aim, sizes in planner.rounds if not aim]
     assert default_rounds == [[line], [checked.ceiling_batch_size]]
-    assert len(planner.rounds) <= 6
+    assert len(planner.rounds) <= 7
     assert "without autotuning, 8 side by side" in checked.explanation
     assert "(as `fit` compiles it, to 3%)" in checked.explanation
+
+
+def test_the_ceilings_first_check_waits_for_the_answers_plan_as_fit_compiles_it():
+    # On an H200 the convnet's ceiling was aimed before its answer's
+    # autotuned plan came back, and went out as a pair (26 s, not 12 s).
+    estimate, line = line_estimate()
+    planner = FakePlanner()
+    plans = planner.plans
+
+    def slow(sizes, aim=False):
+        if not aim:
+            time.sleep(0.3)
+        return plans(sizes, aim)
+
+    planner.plans = slow
+    checked = check_compiled(estimate, None, None, lambda s: None, planner)
+    default_rounds = [sizes for aim, sizes in planner.rounds if not aim]
+    assert default_rounds == [[line], [checked.ceiling_batch_size]]
 
 
 def test_where_autotuning_grows_the_plan_near_the_ceiling_the_ceiling_comes_down():
@@ -133,22 +153,11 @@ def test_where_autotuning_changes_the_plan_the_answer_is_aimed_again(scale):
     assert all(len(sizes) <= 2 for sizes in default_rounds)
 
 
-def test_the_answer_and_the_ceiling_aim_in_shared_rounds():
-    estimate, line = line_estimate()
-    planner = FakePlanner()
-    check_compiled(estimate, None, None, lambda s: None, planner)
-    aim, first = planner.rounds[0]
-    ceiling = estimate.batch_size_for(0.0)
-    assert aim and {line, line + line // 100, ceiling} <= set(first)
-    # the answer needs two; the ceiling takes more than its half of eight
-    assert len([b for b in first if b >= ceiling]) > 4 and len(first) <= 8
-    assert all(b <= 2 * ceiling for b in first)
-
-
 def test_the_answer_rests_on_its_own_plans_not_the_ceilings():
     # As the block on an H200 under 6 GiB: without autotuning, the plan at
     # the line's ceiling (326) was under the room (5.27 GiB) where 297's was
-    # over it (5.38 GiB); the answer must not jump there.
+    # over it (5.38 GiB); in rounds shared with the ceiling's search the
+    # answer jumped there.
     # The line is 2% low there, so both of the answer's first sizes fit.
     estimate, line = line_estimate()
     dip = estimate.batch_size_for(0.0)
@@ -159,7 +168,6 @@ def test_the_answer_rests_on_its_own_plans_not_the_ceilings():
 
     planner = FakePlanner(aimed=aimed, tuned=aimed)
     checked = check_compiled(estimate, None, None, lambda s: None, planner)
-    assert dip in dict(checked.checked)  # compiled for the ceiling
     truth = max(b for b in range(line, dip) if aimed(b) <= room)
     assert truth * 0.99 <= checked.predicted_batch_size <= truth < dip
 
