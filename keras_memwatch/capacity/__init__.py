@@ -53,7 +53,7 @@ How a step's working memory is measured, per device (`method="auto"`):
   it switched on in this process (see `allocator`), then switched back.
 - JAX on a GPU: the ladder trains nothing: it compiles every size, side by
   side, the memory in use being the training state as built; the checks
-  share rounds of parallel compilations, the ceiling is
+  compile in rounds side by side, the ceiling is
   aimed by compilations without autotuning and the answer is confirmed by
   the compilation `fit` makes, and so is the ceiling, where autotuning
   can change the plan far more (`xla_compile`, `xla_check`).

@@ -157,8 +157,8 @@ def test_the_answer_rests_on_its_own_plans_not_the_ceilings():
     # As the block on an H200 under 6 GiB: without autotuning, the plan at
     # the line's ceiling (326) was under the room (5.27 GiB) where 297's was
     # over it (5.38 GiB); in rounds shared with the ceiling's search the
-    # answer jumped there.
-    # The line is 2% low there, so both of the answer's first sizes fit.
+    # answer jumped there. The line is 2% low, so the answer's first two
+    # sizes both fit.
     estimate, line = line_estimate()
     dip = estimate.batch_size_for(0.0)
     room = 8 * GIB * 0.9
