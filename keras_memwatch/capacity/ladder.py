@@ -191,10 +191,11 @@ def _plans_only(model: Any, data: Batches, meter: Meter,
 
     The memory in use is the training state, built; a first real step
     would add a compilation with autotuning that nothing here needs (an
-    H200, a transformer's ladder: 20 s with it, 8.5 s without). The default ladder plans its smallest sizes
-    (`START` and `xla_sizes` at their least) in one round, then larger ones
-    where those plans are small. Where no plan can be compiled, the ladder
-    goes on with real steps and the probes.
+    H200, a transformer's ladder: 17 s with it, 8.5 s without). The
+    default ladder plans its smallest sizes (`START` and `xla_sizes` at
+    their least) in one round, then larger ones where those plans are
+    small. Where no plan can be compiled, the ladder goes on with real
+    steps and the probes.
     """
     meter.set_baseline()
     ladder.limit = meter.limit()
