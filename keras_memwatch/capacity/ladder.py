@@ -148,13 +148,13 @@ def host_bound(data: Batches, meter: Meter) -> Optional[int]:
 def _climb_xla(model: Any, data: Batches, meter: Meter,
                sizes: Optional[Sequence[int]], headroom: float,
                progress: Callable[[str], None], ladder: Ladder) -> Ladder:
-    """The ladder of XLA plans: one real step, then plans side by side.
+    """The ladder of XLA plans, compiled several at once.
 
-    The first size is trained (it builds and warms up, and gives the memory
-    in use); every other size is only compiled, several at once, since
-    XLA's plan of a step is what the method reads. On a GPU nothing runs
-    (`_plans_only`). Where the plan cannot be read at the first size, the
-    ladder goes on with real steps and the probes.
+    On a GPU every size is only compiled (`_plans_only`). On the CPU the
+    first size is trained first (it warms up, and gives the host memory in
+    use) and every other size only compiled, since XLA's plan of a step is
+    what the method reads. Where the plan cannot be read at the first
+    size, the ladder goes on with real steps and the probes.
     """
     planner = xla_compile.Planner(model, data.take(1), progress)
     if planner.aim_options is not None:
