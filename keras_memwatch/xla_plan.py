@@ -84,6 +84,45 @@ def batch_bytes(batch: tuple[Any, Any], size: int) -> int:
     return sum(size * math.prod(a.shape[1:]) * a.dtype.itemsize for a in leaves)
 
 
+def training_state(model: Any) -> tuple[list, list, list, list]:
+    """The state Keras's JAX train step takes, shaped as Keras passes it (a
+    tuple of four lists), so a step lowered with it is the step `fit`
+    compiles and finds in JAX's cache."""
+    return (
+        [v.value for v in model.trainable_variables],
+        [v.value for v in model.non_trainable_variables],
+        [v.value for v in model.optimizer.variables],
+        [v.value for v in model.metrics_variables],
+    )
+
+
+def lower_step(model: Any, batch: tuple[Any, Any], size: int) -> tuple[Any, int, int]:
+    """The train step on `size` samples, traced and lowered, not compiled.
+
+    Returns:
+        `(lowered, state_bytes, ahead_bytes)`: the lowered step, the bytes
+        of the training state, and the batch Keras sends ahead on an
+        accelerator (see `working_bytes`).
+    """
+    import jax
+
+    state = training_state(model)
+    lowered = jitted_train_step(model).lower(state, batch_spec(batch, size))
+    state_bytes = sum(int(leaf.nbytes) for leaf in jax.tree_util.tree_leaves(state))
+    # Keras's JAX trainer sends the next batch to an accelerator while a
+    # step runs (`_one_batch_ahead_iterator`; not on the CPU).
+    ahead = 0 if jax.default_backend() == "cpu" else batch_bytes(batch, size)
+    return lowered, state_bytes, ahead
+
+
+def compiled_working_bytes(lowered: Any, state_bytes: int, ahead: int,
+                           compiler_options: Optional[dict[str, Any]] = None) -> int:
+    """Compiles a step from `lower_step` and returns its working bytes."""
+    compiled = (lowered.compile(compiler_options=compiler_options) if compiler_options
+                else lowered.compile())
+    return max(int(planned_bytes(compiled)) - state_bytes, 0) + ahead
+
+
 def working_bytes(model: Any, batch: tuple[Any, Any], size: int,
                   compiler_options: Optional[dict[str, Any]] = None) -> int:
     """Device bytes a `fit` step on `size` samples needs beyond the training
@@ -99,23 +138,7 @@ def working_bytes(model: Any, batch: tuple[Any, Any], size: int,
         compiler_options: XLA options of the compilation (`fit` compiles
             with none).
     """
-    import jax
-
-    state = (
-        [v.value for v in model.trainable_variables],
-        [v.value for v in model.non_trainable_variables],
-        [v.value for v in model.optimizer.variables],
-        [v.value for v in model.metrics_variables],
-    )
-    lowered = jitted_train_step(model).lower(state, batch_spec(batch, size))
-    compiled = (lowered.compile(compiler_options=compiler_options) if compiler_options
-                else lowered.compile())
-    plan = planned_bytes(compiled)
-    state_bytes = sum(int(leaf.nbytes) for leaf in jax.tree_util.tree_leaves(state))
-    # Keras's JAX trainer sends the next batch to an accelerator while a
-    # step runs (`_one_batch_ahead_iterator`; not on the CPU).
-    ahead = 0 if jax.default_backend() == "cpu" else batch_bytes(batch, size)
-    return max(int(plan) - state_bytes, 0) + ahead
+    return compiled_working_bytes(*lower_step(model, batch, size), compiler_options)
 
 
 def largest_that_fits(fits: Callable[[int], bool], start: int, max_checks: int,

@@ -46,15 +46,6 @@ def workers() -> int:
     return max(1, min(MAX_WORKERS, (os.cpu_count() or 1) // 2))
 
 
-def _state(model: Any) -> list[list[Any]]:
-    return [
-        [v.value for v in model.trainable_variables],
-        [v.value for v in model.non_trainable_variables],
-        [v.value for v in model.optimizer.variables],
-        [v.value for v in model.metrics_variables],
-    ]
-
-
 def _on_accelerator() -> bool:
     import jax
 
@@ -91,14 +82,7 @@ class Planner:
             pass
 
     def _lower(self, size: int) -> tuple[Any, int, int]:
-        import jax
-
-        state = _state(self.model)
-        lowered = xla_plan.jitted_train_step(self.model).lower(
-            state, xla_plan.batch_spec(self.sample, size))
-        state_bytes = sum(int(leaf.nbytes) for leaf in jax.tree_util.tree_leaves(state))
-        ahead = xla_plan.batch_bytes(self.sample, size) if _on_accelerator() else 0
-        return lowered, state_bytes, ahead
+        return xla_plan.lower_step(self.model, self.sample, size)
 
     def plans(self, sizes: Sequence[int], aim: bool = False) -> dict[int, Any]:
         """The working bytes of the step at each size (or the exception).
@@ -144,11 +128,8 @@ class Planner:
 
     def _compile(self, lowered: tuple[Any, int, int],
                  options: Optional[dict[str, Any]]) -> Any:
-        low, state_bytes, ahead = lowered
         try:
-            compiled = (low.compile(compiler_options=options) if options
-                        else low.compile())
-            return max(int(xla_plan.planned_bytes(compiled)) - state_bytes, 0) + ahead
+            return xla_plan.compiled_working_bytes(*lowered, options)
         except Exception as e:
             return e
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from capacity_helpers import GIB, MIB
+from capacity_helpers import BACKEND, GIB, MIB
 from keras_memwatch.capacity import CapacityEstimate
 from keras_memwatch.capacity.result import LIMIT_ALLOCATOR
 from keras_memwatch.capacity.xla_check import check_compiled
@@ -213,3 +213,26 @@ def test_one_plan_aims_without_autotuning_where_xla_takes_the_option(monkeypatch
     refuse = True  # then as fit compiles it
     assert xla_compile.plan_one(None, None, 8, aim=True) == 42 * MIB
     assert options[1:] == [xla_compile.AIM_OPTIONS, None]
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="XLA's plan of Keras's JAX train step")
+def test_a_size_the_planner_compiled_as_fit_does_trains_without_compiling_again(caplog):
+    import jax
+    import keras
+    import numpy as np
+
+    from keras_memwatch.capacity.xla_compile import Planner
+
+    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    x, y = np.zeros((64, 16), "float32"), np.zeros((64, 1), "float32")
+    model.train_on_batch(x[:2], y[:2])
+    Planner(model, (x[:1], y[:1]), lambda s: None, parallel=1).plans([37])
+    jax.config.update("jax_log_compiles", True)
+    try:
+        with caplog.at_level("WARNING", logger="jax"):
+            model.train_on_batch(x[:37], y[:37])
+    finally:
+        jax.config.update("jax_log_compiles", False)
+    assert not [r for r in caplog.records if "Compiling jit(train_step)" in r.getMessage()]
