@@ -214,10 +214,11 @@ def _plans_only(model: Any, data: Batches, meter: Meter,
         return _climb(model, data, meter, sizes, headroom, progress, ladder, queue, 0)
     if sizes is None and ladder.points:
         first, working = ladder.points[0]
-        more = [b for b in xla_sizes(first, working, _free(ladder, meter, headroom),
-                                     host_bound(data, meter))
-                if b not in dict(ladder.points)]
-        _plan(planner, more, ladder)
+        known = {b for b, _ in ladder.points}
+        _plan(planner, [b for b in xla_sizes(first, working,
+                                             _free(ladder, meter, headroom),
+                                             host_bound(data, meter))
+                        if b not in known], ladder)
     return _higher_if_bent(planner, data, meter, sizes, headroom, ladder)
 
 
