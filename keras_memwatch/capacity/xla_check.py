@@ -6,16 +6,17 @@ line's answer under the headroom is checked (and corrected) at the sizes
 around it, and the ceiling is searched upward from the line's answer
 without headroom. The step is compiled at each size, never run.
 
-To be quick, the searches share rounds of compilations run side by side
+To be quick, the searches run rounds of compilations side by side
 (`keras_memwatch.capacity.xla_compile`). On a GPU, where a compilation as
-`fit` makes it is mostly autotuning, which runs on the device one
-compilation at a time (an H200, a transformer: 13 s alone, 43 s for four
-side by side), both searches compile without autotuning (eight side by side
-in 12 s), and only the sizes the answers rest on are compiled as `fit`
-compiles them: the answer, once when the two plans agree (so `fit` at the
-answer finds it in JAX's cache), while the ceiling is searched; then the
-ceiling, where autotuning can change the plan much more, since XLA
-recomputes activations there. The ceiling is told to 3%.
+`fit` makes it is mostly autotuning, which compiles hundreds of candidate
+kernels on every core (an H200, a transformer: 11.6 s alone, 16-17 s for
+two side by side, in threads or in processes alike), both searches aim
+with compilations without autotuning (`xla_compile.AIM_OPTIONS`), and
+only the sizes the answers rest on are compiled as `fit` compiles them:
+the answer, once when the two plans agree (so `fit` at the answer finds it
+in JAX's cache), while the ceiling is searched; then the ceiling, where
+autotuning can change the plan much more, since XLA recomputes
+activations there. The ceiling is told to 3%.
 
 The two searches aim one after the other: compilations are bound by the
 CPU, so rounds shared by both took longer than the answer's alone (an
@@ -104,7 +105,7 @@ def check_compiled(estimate: CapacityEstimate, model: Any, sample: tuple[Any, An
                 first_checked.wait()
                 ceiling, tuned = _ceiling_as_fit_compiles(
                     planner, ceiling, aimed, need,
-                    alone=_agree(aimed_answer, aimed, dict(need)))
+                    agree=_agree(aimed_answer, aimed, dict(need)))
                 answer = checking.result()
             need.update(tuned)
             if ceiling.lo is None:  # the answer's plans fit, at least
@@ -189,24 +190,23 @@ def _agree(size: Optional[int], aimed: dict[int, float],
 def _ceiling_as_fit_compiles(planner: xla_compile.Planner,
                              aimed_ceiling: xla_compile.Target,
                              aimed: dict[int, float], need: dict[int, float],
-                             alone: bool = False
+                             agree: bool = False
                              ) -> tuple[xla_compile.Target, dict[int, float]]:
     """The ceiling checked with the compilation `fit` makes (autotuned).
 
     Near the ceiling, where XLA recomputes activations, autotuning can
-    change the plan far more than at the answer (an H200 under 6 GiB: the
-    block +5% at its answer and +14% at 552, the ceiling of the aimed
-    plans; the transformer +0% at its answer and +9% at 254, where 243 ran
-    out of memory). So the aimed ceiling is compiled as `fit` compiles it,
-    beside the size a step (3%) below where autotuning changed the answer's
-    plan, alone elsewhere (autotuning runs one compilation at a time on the
-    device; on an H200 the convnet's and the ResNet's ceilings fit so).
-    Where it fits, it stands. Else the search goes down, two autotuned
-    compilations a round (at most `MAX_CEILING_AUTOTUNED`): a step at a
-    time, or, where the line through the lowest failing plans reaches the
-    limit further down (they climb steeply above the ceiling), there;
-    where that is more than `FAR` steps down, the aimed plans scaled by the
-    ratio of the two plans aim it instead.
+    move the plan far more than at the answer, either way (an H200 under
+    6 GiB, against the aimed plans: the transformer's equal at its answer,
+    4% under at 241 and 3% over at 248, past a jump at 243, which ran out
+    of memory). So both ends of the aimed bracket are compiled
+    as `fit` compiles them, side by side; where the answer's two plans do
+    not agree, the aimed ceiling and the size a step (3%) below. Where the
+    lower fits and the upper does not, the bracket stands. Else the search
+    goes on, two autotuned compilations a round (at most
+    `MAX_CEILING_AUTOTUNED`): down a step at a time, or where the line
+    through the lowest failing plans reaches the limit; up where every
+    size tried fits. Far off (more than `FAR` steps), the aimed plans
+    scaled by the ratio of the two plans aim instead.
 
     Args:
         planner: compiles the plans.
@@ -214,29 +214,53 @@ def _ceiling_as_fit_compiles(planner: xla_compile.Planner,
         aimed: the aimed plans.
         need: plans as `fit` compiles them, of the answer (read only: it may
             still be growing in another thread).
-        alone: the first round compiles the aimed ceiling alone.
+        agree: the answer's two plans agree.
 
     Returns:
         The ceiling's bracket (`lo` None where no size tried fits) and the
         plans compiled for it.
     """
-    top = aimed_ceiling.lo
+    top, above = aimed_ceiling.lo, aimed_ceiling.hi
     own: dict[int, float] = {}  # not the answer's plans, far below
     if top is None:
         return aimed_ceiling, own
     tuned = xla_compile.Target(aimed_ceiling.free, top, resolution=CEILING_RESOLUTION)
-    sizes = [top] if alone else [top, top - tuned.step(top)]
+
+    def by_ratio() -> Optional[int]:
+        return _aimed_by_ratio(aimed, {**need, **own}, tuned.free)
+
+    sizes = ([top, top - tuned.step(top)] if not agree
+             else [top] if above is None else [top, above])
     while sizes:
         xla_compile.record(planner.plans(sizes[:MAX_CEILING_AUTOTUNED - len(own)]), own)
         tuned.update(own)
-        if tuned.lo == top:  # it fits as fit compiles it too: the bracket stands
-            tuned.hi = aimed_ceiling.hi
-            break
         if tuned.done or len(own) >= MAX_CEILING_AUTOTUNED:
             break
-        sizes = _downward(tuned, own, lambda: _aimed_by_ratio(
-            aimed, {**need, **own}, tuned.free))
+        if tuned.hi is None:
+            if above is None or above in own:
+                sizes = _upward(tuned, own, by_ratio)
+            else:  # the aimed ceiling fits: the size above it decides
+                sizes = [above]
+        else:
+            sizes = _downward(tuned, own, by_ratio)
     return tuned, own
+
+
+def _upward(tuned: xla_compile.Target, own: dict[int, float],
+            by_ratio: Callable[[], Optional[int]]) -> list[int]:
+    """The next sizes of a ceiling search where every size tried fits: where
+    the aimed plans scaled by the ratio reach the limit (at most `FAR`
+    steps up), and a step below it."""
+    lo = tuned.lo
+    assert lo is not None
+    step = tuned.step(lo)
+    guess = by_ratio()
+    if guess is None or guess <= lo + step:
+        sizes = [lo + step, lo + 2 * step]
+    else:
+        guess = min(guess, lo + FAR * step)
+        sizes = [guess, guess - tuned.step(guess)]
+    return [b for b in sizes if b > lo and b not in own]
 
 
 def _downward(tuned: xla_compile.Target, own: dict[int, float],
