@@ -45,7 +45,9 @@ MAX_CHECKS = 10  # compilations of XLA's plan after the fit, per search
 MAX_AIM = 24  # compilations without autotuning, per search (GPU)
 CEILING_RESOLUTION = 0.03  # the ceiling without headroom is told to 3%
 AGREE = 0.01  # autotuned and aimed plans that agree this well are one
+SAME = 0.001  # ... and this well, the same (autotuning changed no buffer)
 AUTOTUNED_WIDTH = 2  # autotuned compilations a round (GPU)
+ANSWER_WIDTH = 4  # aimed compilations a round of the answer's search (GPU)
 MAX_CEILING_AUTOTUNED = 6  # autotuned compilations for the ceiling (GPU)
 FAR = 8  # steps down, at most, that one round of the ceiling's search jumps
 
@@ -91,7 +93,7 @@ def check_compiled(estimate: CapacityEstimate, model: Any, sample: tuple[Any, An
             def aim(sizes: list[int]) -> dict[int, Any]:
                 return planner.plans(sizes, aim=True)
 
-            xla_compile.search([answer], aim, aimed, MAX_AIM, planner.parallel)
+            xla_compile.search([answer], aim, aimed, MAX_AIM, ANSWER_WIDTH)
             # The answer is checked as fit compiles it (autotuning, on the
             # device) while the ceiling is searched without (on the CPU),
             # then checked as fit compiles it too.
@@ -105,7 +107,7 @@ def check_compiled(estimate: CapacityEstimate, model: Any, sample: tuple[Any, An
                 first_checked.wait()
                 ceiling, tuned = _ceiling_as_fit_compiles(
                     planner, ceiling, aimed, need,
-                    agree=_agree(aimed_answer, aimed, dict(need)))
+                    _ratio(aimed_answer, aimed, dict(need)))
                 answer = checking.result()
             need.update(tuned)
             if ceiling.lo is None:  # the answer's plans fit, at least
@@ -178,6 +180,17 @@ def _as_fit_compiles(planner: xla_compile.Planner, aimed_answer: xla_compile.Tar
     return confirmed
 
 
+def _ratio(size: Optional[int], aimed: dict[int, float],
+           need: dict[int, float]) -> Optional[float]:
+    """The plan of `size` as `fit` compiles it over the aimed one, or None
+    where either is unknown."""
+    if size is None or size not in need or size not in aimed:
+        return None
+    if not (math.isfinite(need[size]) and math.isfinite(aimed[size])) or aimed[size] <= 0:
+        return None
+    return need[size] / aimed[size]
+
+
 def _agree(size: Optional[int], aimed: dict[int, float],
            need: dict[int, float]) -> bool:
     """Whether the plan of `size` as `fit` compiles it is known and within
@@ -190,23 +203,25 @@ def _agree(size: Optional[int], aimed: dict[int, float],
 def _ceiling_as_fit_compiles(planner: xla_compile.Planner,
                              aimed_ceiling: xla_compile.Target,
                              aimed: dict[int, float], need: dict[int, float],
-                             agree: bool = False
+                             ratio: Optional[float] = None
                              ) -> tuple[xla_compile.Target, dict[int, float]]:
     """The ceiling checked with the compilation `fit` makes (autotuned).
 
     Near the ceiling, where XLA recomputes activations, autotuning can
     move the plan far more than at the answer, either way (an H200 under
-    6 GiB, against the aimed plans: the transformer's equal at its answer,
-    4% under at 241 and 3% over at 248, past a jump at 243, which ran out
-    of memory). So both ends of the aimed bracket are compiled
-    as `fit` compiles them, side by side; where the answer's two plans do
-    not agree, the aimed ceiling and the size a step (3%) below. Where the
-    lower fits and the upper does not, the bracket stands. Else the search
-    goes on, two autotuned compilations a round (at most
-    `MAX_CEILING_AUTOTUNED`): down a step at a time, or where the line
-    through the lowest failing plans reaches the limit; up where every
-    size tried fits. Far off (more than `FAR` steps), the aimed plans
-    scaled by the ratio of the two plans aim instead.
+    6 GiB, against the aimed plans: the transformer's 0.8% under at its
+    answer, 4% under at 241, then 3% over at 248, past a jump at 243, which
+    ran out of memory). So the aimed ceiling is compiled as `fit` compiles it, alone where the
+    answer's two plans agree (autotuning a convnet's convolutions runs on
+    the device one compilation at a time); with the size a step (3%) below
+    where `fit`'s plan of the answer was larger; with the size above the
+    aimed bracket where it was smaller, since then more may fit. Where the
+    aimed ceiling fits and `fit`'s plans are no smaller, the bracket
+    stands. Else the search goes on, two autotuned compilations a round at
+    most (`MAX_CEILING_AUTOTUNED` in all): down a step at a time, or where
+    the line through the lowest failing plans reaches the limit; up a step
+    while every size tried fits. Far off (more than `FAR` steps), the
+    aimed plans scaled by the ratio of the two plans aim instead.
 
     Args:
         planner: compiles the plans.
@@ -214,7 +229,7 @@ def _ceiling_as_fit_compiles(planner: xla_compile.Planner,
         aimed: the aimed plans.
         need: plans as `fit` compiles them, of the answer (read only: it may
             still be growing in another thread).
-        agree: the answer's two plans agree.
+        ratio: `fit`'s plan of the answer over the aimed one; None unknown.
 
     Returns:
         The ceiling's bracket (`lo` None where no size tried fits) and the
@@ -225,41 +240,43 @@ def _ceiling_as_fit_compiles(planner: xla_compile.Planner,
     if top is None:
         return aimed_ceiling, own
     tuned = xla_compile.Target(aimed_ceiling.free, top, resolution=CEILING_RESOLUTION)
+    more = ratio is not None and ratio < 1 - SAME  # fit's plans may be smaller
 
     def by_ratio() -> Optional[int]:
         return _aimed_by_ratio(aimed, {**need, **own}, tuned.free)
 
-    sizes = ([top, top - tuned.step(top)] if not agree
-             else [top] if above is None else [top, above])
+    if ratio is None or ratio > 1 + AGREE:
+        sizes = [top, top - tuned.step(top)]
+    else:
+        sizes = [top, above] if more and above is not None else [top]
     while sizes:
         xla_compile.record(planner.plans(sizes[:MAX_CEILING_AUTOTUNED - len(own)]), own)
         tuned.update(own)
+        if tuned.lo == top and tuned.hi is None and not more:
+            tuned.hi = above  # it fits as fit compiles it too: the bracket stands
+            break
         if tuned.done or len(own) >= MAX_CEILING_AUTOTUNED:
             break
-        if tuned.hi is None:
-            if above is None or above in own:
-                sizes = _upward(tuned, own, by_ratio)
-            else:  # the aimed ceiling fits: the size above it decides
-                sizes = [above]
-        else:
-            sizes = _downward(tuned, own, by_ratio)
+        sizes = (_upward(tuned, own, by_ratio) if tuned.hi is None
+                 else _downward(tuned, own, by_ratio))
     return tuned, own
 
 
 def _upward(tuned: xla_compile.Target, own: dict[int, float],
             by_ratio: Callable[[], Optional[int]]) -> list[int]:
-    """The next sizes of a ceiling search where every size tried fits: where
-    the aimed plans scaled by the ratio reach the limit (at most `FAR`
-    steps up), and a step below it."""
+    """The next sizes of a ceiling search where every size tried fits: a step
+    up, which closes the bracket where it fails; where the aimed plans
+    scaled by the ratio reach the limit further up (at most `FAR` steps),
+    there and a step below instead."""
     lo = tuned.lo
     assert lo is not None
     step = tuned.step(lo)
     guess = by_ratio()
-    if guess is None or guess <= lo + step:
-        sizes = [lo + step, lo + 2 * step]
+    if guess is None or guess <= lo + 2 * step:
+        sizes = [lo + step]
     else:
         guess = min(guess, lo + FAR * step)
-        sizes = [guess, guess - tuned.step(guess)]
+        sizes = [guess - tuned.step(guess), guess]
     return [b for b in sizes if b > lo and b not in own]
 
 

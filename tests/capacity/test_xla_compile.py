@@ -61,11 +61,11 @@ def test_searched_without_autotuning_then_each_answer_compiled_once_as_fit_does(
     planner = FakePlanner()
     checked = check_compiled(estimate, None, None, lambda s: None, planner)
     assert checked.predicted_batch_size == line  # the line is exact below
-    # the ceiling, told to 3%: where the answer's two plans agree, one round
-    # compiles both ends of the aimed bracket as fit does; the lower fits
+    # the ceiling, told to 3%: where the answer's two plans are the same and
+    # the aimed ceiling fits as fit compiles it, one compilation confirms it
     assert CLIFF * 0.97 <= checked.ceiling_batch_size <= (CLIFF + 12) * 1.0
     default_rounds = [sizes for aim, sizes in planner.rounds if not aim]
-    assert default_rounds == [[line], [checked.ceiling_batch_size, ABOVE]]
+    assert default_rounds == [[line], [checked.ceiling_batch_size]]
     assert len(planner.rounds) <= 7
     assert "without autotuning, 8 side by side" in checked.explanation
     assert "(as `fit` compiles it, to 3%)" in checked.explanation
@@ -86,7 +86,7 @@ def test_the_ceilings_first_check_waits_for_the_answers_plan_as_fit_compiles_it(
     planner.plans = slow
     checked = check_compiled(estimate, None, None, lambda s: None, planner)
     default_rounds = [sizes for aim, sizes in planner.rounds if not aim]
-    assert default_rounds == [[line], [checked.ceiling_batch_size, ABOVE]]
+    assert default_rounds == [[line], [checked.ceiling_batch_size]]
 
 
 def test_where_autotuning_grows_the_plan_near_the_ceiling_the_ceiling_comes_down():
@@ -131,11 +131,12 @@ def test_where_autotuning_only_moves_the_plan_near_the_ceiling_it_is_checked_too
 
 def test_where_fits_plans_stay_under_the_aimed_ones_the_ceiling_goes_up():
     # As on an H200 (the transformer under 6 GiB, aimed without Triton's
-    # matrix multiplications): the plan as fit compiles it 4% under the
-    # aimed one at 241, so more fits than the aimed plans say.
+    # matrix multiplications): the plan as fit compiles it 0.5-0.8% under the
+    # aimed one at the answer and 4% under at 241, where more fit than the
+    # aimed plans said.
     estimate, line = line_estimate()
     truth = CLIFF + 112
-    planner = FakePlanner(tuned=lambda b: plan(b, shift=112))
+    planner = FakePlanner(tuned=lambda b: 0.995 * plan(b, shift=112))
     checked = check_compiled(estimate, None, None, lambda s: None, planner)
     assert truth * 0.97 <= checked.ceiling_batch_size <= truth
     tuned_rounds = [sizes for aim, sizes in planner.rounds if not aim]
