@@ -53,10 +53,11 @@ How a step's working memory is measured, per device (`method="auto"`):
   it switched on in this process (see `allocator`), then switched back.
 - JAX on a GPU: the ladder trains nothing: it compiles every size, side by
   side, the memory in use being the training state as built; the checks
-  compile in rounds side by side, the ceiling is
-  aimed by compilations without autotuning and the answer is confirmed by
-  the compilation `fit` makes, and so is the ceiling, where autotuning
-  can change the plan far more (`xla_compile`, `xla_check`).
+  compile in rounds side by side, aimed by compilations without
+  autotuning or Triton's matrix multiplications (half the time, plans
+  nearer `fit`'s), and the answer is confirmed by the compilation `fit`
+  makes, and so is the ceiling, where autotuning can change the plan far
+  more (`xla_compile`, `xla_check`).
 - JAX on the CPU: the host's peak RSS answers; XLA's plan at the same
   sizes (from JAX's cache) is reported beside it, and the smaller answer
   is used, saying why (`alternatives`).

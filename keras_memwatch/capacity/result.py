@@ -106,8 +106,9 @@ class CapacityEstimate:
             otherwise not by recomputing activations, so this can be well
             above what the line says, with slower steps), on a GPU aimed by
             plans compiled without autotuning, which near XLA's limit may
-            plan 10-16% less than `fit`'s compilation (an H200), then
-            checked and searched to 3% as `fit` compiles it; on a GPU
+            plan a few percent more or less than `fit`'s compilation (an
+            H200, a transformer: 4% more to 3% less), then checked and searched
+            to 3% as `fit` compiles it; on a GPU
             measured by the probes under an allocator cap, the largest
             batch that trained two real steps: in a new process where
             `fresh_process` ran (PyTorch), else in the measuring one.
