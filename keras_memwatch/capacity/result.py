@@ -107,11 +107,11 @@ class CapacityEstimate:
             above what the line says, with slower steps), on a GPU aimed by
             plans compiled without autotuning, which near XLA's limit may
             plan a few percent more or less than `fit`'s compilation (an
-            H200, a transformer: 4% more to 3% less), then checked and searched
-            to 3% as `fit` compiles it; on a GPU
-            measured by the probes under an allocator cap, the largest
-            batch that trained two real steps: in a new process where
-            `fresh_process` ran (PyTorch), else in the measuring one.
+            H200, a transformer: 4% more to 3% less), then checked and
+            searched to 3% as `fit` compiles it; on a GPU measured by the
+            probes under an allocator cap, the largest batch that trained
+            two real steps: in a new process where `fresh_process` ran
+            (PyTorch), else in the measuring one.
         checked: `(batch_size, working_bytes)` of XLA's compiled plan at
             each size checked after the fit (method `"xla"`), in order.
         reserved_measurements: PyTorch on a GPU: `(batch_size,

@@ -185,9 +185,10 @@ def _ratio(size: Optional[int], aimed: dict[int, float],
     where either is unknown."""
     if size is None or size not in need or size not in aimed:
         return None
-    if not (math.isfinite(need[size]) and math.isfinite(aimed[size])) or aimed[size] <= 0:
+    tuned, aimed_bytes = need[size], aimed[size]
+    if not (math.isfinite(tuned) and math.isfinite(aimed_bytes)) or aimed_bytes <= 0:
         return None
-    return need[size] / aimed[size]
+    return tuned / aimed_bytes
 
 
 def _agree(size: Optional[int], aimed: dict[int, float],
