@@ -195,9 +195,8 @@ def _agree(size: Optional[int], aimed: dict[int, float],
            need: dict[int, float]) -> bool:
     """Whether the plan of `size` as `fit` compiles it is known and within
     `AGREE` of the aimed one."""
-    if size is None or size not in need or size not in aimed:
-        return False
-    return abs(need[size] - aimed[size]) <= AGREE * aimed[size]
+    ratio = _ratio(size, aimed, need)
+    return ratio is not None and abs(ratio - 1) <= AGREE
 
 
 def _ceiling_as_fit_compiles(planner: xla_compile.Planner,

@@ -88,9 +88,6 @@ class Planner:
         except Exception:
             pass
 
-    def _lower(self, size: int) -> tuple[Any, int, int]:
-        return xla_plan.lower_step(self.model, self.sample, size)
-
     def plans(self, sizes: Sequence[int], aim: bool = False) -> dict[int, Any]:
         """The working bytes of the step at each size (or the exception).
 
@@ -108,7 +105,8 @@ class Planner:
         with self._tracing:  # tracing runs Keras's Python: one at a time
             for size in sizes:
                 try:
-                    lowered[size] = self._lower(size)
+                    lowered[size] = xla_plan.lower_step(self.model, self.sample,
+                                                        size)
                 except Exception as e:
                     out[size] = e
         jobs = list(lowered)
