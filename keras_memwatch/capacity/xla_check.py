@@ -14,15 +14,16 @@ two side by side, in threads or in processes alike), both searches aim
 with compilations without autotuning (`xla_compile.AIM_OPTIONS`), and
 only the sizes the answers rest on are compiled as `fit` compiles them:
 the answer, once when the two plans agree (so `fit` at the answer finds it
-in JAX's cache), while the ceiling is searched; then the ceiling, where
-autotuning can change the plan much more, since XLA recomputes
-activations there. The ceiling is told to 3%.
+in JAX's cache); then the ceiling, where autotuning can change the plan
+much more, since XLA recomputes activations there. The ceiling is told to
+3%.
 
-The two searches aim one after the other: compilations are bound by the
-CPU, so rounds shared by both took longer than the answer's alone (an
-H200, the block: 14 s for seven against 6 s for two), and plans far above
-the answer, where XLA recomputes, are not monotonic (the block's: 5.27 GiB
-at batch 326, 5.35 GiB at 295) and would move it.
+The ceiling is aimed from the answer's first round on, beside the
+answer's later rounds and its compilation as `fit` makes it, in a table of
+its own: plans far above the answer, where XLA recomputes, are not
+monotonic (the block's: 5.27 GiB at batch 326, 5.35 GiB at 295) and would
+move the answer. Compilations are bound by the CPU, so this saves only the
+time a round leaves cores idle.
 """
 
 from __future__ import annotations
@@ -45,10 +46,13 @@ MAX_CHECKS = 10  # compilations of XLA's plan after the fit, per search
 MAX_AIM = 24  # compilations without autotuning, per search (GPU)
 CEILING_RESOLUTION = 0.03  # the ceiling without headroom is told to 3%
 AGREE = 0.01  # autotuned and aimed plans that agree this well are one
-SAME = 0.001  # ... and this well, the same (autotuning changed no buffer)
 AUTOTUNED_WIDTH = 2  # autotuned compilations a round (GPU)
 ANSWER_WIDTH = 4  # aimed compilations a round of the answer's search (GPU)
 MAX_CEILING_AUTOTUNED = 6  # autotuned compilations for the ceiling (GPU)
+#: The ceiling's aimed search steps up by this from the answer (GPU): XLA's
+#: recomputation put ceilings 1.3-1.7x above it, so a first round of six
+#: sizes leaves a bracket that one more round of three tells to 3%.
+CEILING_FACTOR = 1.12
 FAR = 8  # steps down, at most, that one round of the ceiling's search jumps
 
 
@@ -80,34 +84,41 @@ def check_compiled(estimate: CapacityEstimate, model: Any, sample: tuple[Any, An
     full = estimate.limit_bytes - estimate.in_use_bytes
     room = full - estimate.limit_bytes * estimate.headroom
     need: dict[int, float] = {}  # as fit compiles the step
-    aimed: dict[int, float] = {}  # without autotuning (GPU)
+    aimed: dict[int, float] = {}  # the answer's, without autotuning (GPU)
+    aimed_ceiling: dict[int, float] = {}  # the ceiling's
     line = estimate.predicted_batch_size or 0
     line_ceiling = estimate.batch_size_for(0.0) or 0
     accelerator = planner.aim_options is not None
     ceiling_start = max(line_ceiling, line, 1)
     answer = xla_compile.Target(room, max(line, 1))
     ceiling = xla_compile.Target(full, ceiling_start, more_likely=accelerator,
-                                 resolution=CEILING_RESOLUTION)
+                                 resolution=CEILING_RESOLUTION,
+                                 factor=CEILING_FACTOR if accelerator else 1.25)
     try:
         if accelerator:
             def aim(sizes: list[int]) -> dict[int, Any]:
                 return planner.plans(sizes, aim=True)
 
-            xla_compile.search([answer], aim, aimed, MAX_AIM, ANSWER_WIDTH)
-            # The answer is checked as fit compiles it while the ceiling
-            # is aimed, then the ceiling is checked as fit compiles it too.
-            aimed_answer = answer.lo
+            # The answer's first round bounds the ceiling's search too; then
+            # the ceiling is aimed while the answer is aimed on and checked
+            # as fit compiles it, and last checked as fit compiles it too.
+            made = xla_compile.search([answer], aim, aimed, MAX_AIM, ANSWER_WIDTH,
+                                      max_rounds=1)
+            aimed_ceiling.update(aimed)
             first_checked = threading.Event()
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
-                checking = pool.submit(_as_fit_compiles, planner, answer,
-                                       dict(aimed), need, room, first_checked)
-                xla_compile.search([ceiling], aim, aimed, MAX_AIM,
+                answering = pool.submit(_answer, planner, aim, answer, aimed,
+                                        MAX_AIM - made, need, room, first_checked)
+                xla_compile.search([ceiling], aim, aimed_ceiling, MAX_AIM,
                                    planner.parallel)
-                first_checked.wait()
+                first_checked.wait()  # the answer's aimed plans are all in
+                if answering.done():
+                    answering.result()  # raises what its search raised
+                aimed_ceiling = {**aimed, **aimed_ceiling}
                 ceiling, tuned = _ceiling_as_fit_compiles(
-                    planner, ceiling, aimed, need,
-                    _ratio(aimed_answer, aimed, dict(need)))
-                answer = checking.result()
+                    planner, ceiling, aimed_ceiling, need,
+                    _ratio(answer.lo, aimed, dict(need)))
+                answer = answering.result()
             need.update(tuned)
             if ceiling.lo is None:  # the answer's plans fit, at least
                 ceiling.update(need)
@@ -118,10 +129,10 @@ def check_compiled(estimate: CapacityEstimate, model: Any, sample: tuple[Any, An
         logger.warning("estimate_max_batch_size: XLA's plan could not be compiled "
                        "at larger sizes (%r); the prediction is the line's", e)
         return dataclasses.replace(
-            estimate, checked=_checked({**aimed, **need}),
+            estimate, checked=_checked({**aimed, **aimed_ceiling, **need}),
             explanation=f"{estimate.explanation} Not checked by compiling the step "
                         f"({type(e).__name__}).")
-    plans = {**aimed, **need}
+    plans = {**aimed_ceiling, **need}
     lo, hi = answer.lo, answer.hi
     predicted = lo if lo is not None else 0 if hi == 1 else None
     seconds = time.perf_counter() - began
@@ -133,11 +144,26 @@ def check_compiled(estimate: CapacityEstimate, model: Any, sample: tuple[Any, An
              + f", {seconds:.0f} s.")
     explanation = (_answer_text(estimate, plans, room, lo, hi, line)
                    + _ceiling_text(estimate, plans, full, ceiling.lo, ceiling.hi,
-                                   line_ceiling, _ceiling_how(accelerator, ceiling))
+                                   line_ceiling, _ceiling_how(accelerator, ceiling),
+                                   aimed_above=accelerator and ceiling.hi not in need)
                    + count)
     return dataclasses.replace(estimate, predicted_batch_size=predicted,
                                ceiling_batch_size=ceiling.lo,
                                checked=_checked(plans), explanation=explanation)
+
+
+def _answer(planner: xla_compile.Planner,
+            aim: Callable[[list[int]], dict[int, Any]], answer: xla_compile.Target,
+            aimed: dict[int, float], budget: int, need: dict[int, float],
+            room: float, first_checked: threading.Event) -> xla_compile.Target:
+    """The answer's aimed search to its end, then its check as `fit`
+    compiles it (`_as_fit_compiles`)."""
+    try:
+        xla_compile.search([answer], aim, aimed, budget, ANSWER_WIDTH)
+    except BaseException:
+        first_checked.set()
+        raise
+    return _as_fit_compiles(planner, answer, dict(aimed), need, room, first_checked)
 
 
 def _as_fit_compiles(planner: xla_compile.Planner, aimed_answer: xla_compile.Target,
@@ -211,11 +237,13 @@ def _ceiling_as_fit_compiles(planner: xla_compile.Planner,
     6 GiB, against the aimed plans: the transformer's 0.8% under at its
     answer, 4% under at 241, then 3% over at 248, past a jump at 243, which
     ran out of memory). So the aimed ceiling is compiled as `fit` compiles
-    it: alone where `fit`'s plan of the answer was the aimed one or up to
-    1% more (two of a convnet's side by side took 27-28 s, one 12 s), and
-    where it fits, the bracket stands; with the size a step (3%) below where
-    it was more; with the size above the aimed bracket where it was less,
-    since then more may fit. Else the search goes on, two autotuned
+    it: alone where `fit`'s plan of the answer was within 1% of the aimed
+    one (two of a convnet's side by side took 27-28 s, one 12 s), and where
+    it fits, the bracket stands (the transformer's aimed ceilings, 235 and
+    240 in two runs, fitted; 241 was the largest that trained); with the
+    size a step (3%) below where it was more; with the size above the
+    aimed bracket where it was less, since then more may fit. Else the
+    search goes on, two autotuned
     compilations a round at most (`MAX_CEILING_AUTOTUNED` in all): down a
     step at a time, or where the line through the lowest failing plans
     reaches the limit; up a step while every size tried fits. Far off (more
@@ -239,7 +267,7 @@ def _ceiling_as_fit_compiles(planner: xla_compile.Planner,
     if top is None:
         return aimed_ceiling, own
     tuned = xla_compile.Target(aimed_ceiling.free, top, resolution=CEILING_RESOLUTION)
-    more = ratio is not None and ratio < 1 - SAME  # fit's plans may be smaller
+    more = ratio is not None and ratio < 1 - AGREE  # fit's plans may be smaller
 
     def by_ratio() -> Optional[int]:
         return _aimed_by_ratio(aimed, {**need, **own}, tuned.free)
@@ -373,8 +401,9 @@ def _answer_text(estimate: CapacityEstimate, need: dict[int, float], room: float
 
 def _ceiling_text(estimate: CapacityEstimate, need: dict[int, float], full: float,
                   ceiling: Optional[int], above: Optional[int],
-                  line_ceiling: int, how: str = "") -> str:
-    """The explanation of the ceiling without headroom, or `""`."""
+                  line_ceiling: int, how: str = "", aimed_above: bool = False) -> str:
+    """The explanation of the ceiling without headroom, or `""`; with
+    `aimed_above`, the plan of `above` is said to be an aimed one."""
     if ceiling is None:
         return ("" if above is None or not how else
                 f" Without headroom, batch {above}, the smallest tried for the "
@@ -383,7 +412,8 @@ def _ceiling_text(estimate: CapacityEstimate, need: dict[int, float], full: floa
     text = (f" Without headroom, up to batch {ceiling} fits{how} "
             f"({format_bytes(need[ceiling])} of {format_bytes(full)}"
             + ("" if above is None else
-               f"; {above} would need {_bytes(need[above])}") + ")")
+               f"; {above} would need {_bytes(need[above])}"
+               + (" as planned without autotuning" if aimed_above else "")) + ")")
     line_bytes = ((estimate.step_static_bytes or 0)
                   + (estimate.per_sample_bytes or 0) * ceiling)
     if ceiling > line_ceiling and need[ceiling] < 0.95 * line_bytes:
