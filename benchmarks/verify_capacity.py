@@ -82,7 +82,7 @@ def build(name: str) -> Any:
         h = layers.Conv2D(16, 3, padding="same", activation="relu")(h)
         h = layers.GlobalAveragePooling2D()(h)
         outputs = layers.Dense(10)(h)
-    elif name in ("transformer", "transformer_tiny"):
+    elif name in TRANSFORMER:
         return build_transformer(name)
     elif name in ("resnet", "resnet_tiny"):
         return build_resnet(name)
@@ -112,7 +112,11 @@ def build(name: str) -> Any:
 TRANSFORMER = {"transformer": dict(blocks=3, seq=192, dim=384, heads=6, ff=1536,
                                    vocab=8000),
                "transformer_tiny": dict(blocks=2, seq=32, dim=64, heads=4, ff=256,
-                                        vocab=1000)}
+                                        vocab=1000),
+               # written after the JAX search's last changes, to check them on
+               # a model they were not tuned on: wider, longer, more tokens
+               "gpt": dict(blocks=4, seq=256, dim=512, heads=8, ff=2048,
+                           vocab=16000)}
 
 
 def build_transformer(name: str) -> Any:
