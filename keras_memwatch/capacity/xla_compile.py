@@ -308,9 +308,15 @@ class Target:
                 down = max(min(int(down / self.factor), down - 1), 1)
                 sizes.append(down)
             return sizes
-        # no more sizes than the resolution asks for
-        n = max(1, min(k, math.ceil((hi - lo) / max(1, self.resolution * hi)) - 1))
+        # as many sizes as close the bracket wherever it lands, and no more
+        n = 1
+        while n < k and not self._closes(lo, math.ceil((hi - lo) / (n + 1))):
+            n += 1
         return sorted({lo + max(1, (hi - lo) * i // (n + 1)) for i in range(1, n + 1)})
+
+    def _closes(self, lo: int, gap: int) -> bool:
+        """Whether a bracket `gap` wide, from `lo` up, is done."""
+        return gap <= max(1, self.resolution * (lo + gap))
 
 
 def record(plans: dict[int, Any], need: dict[int, float]) -> dict[int, float]:

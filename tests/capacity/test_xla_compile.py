@@ -255,6 +255,22 @@ def test_a_linear_target_is_settled_by_interpolation():
     assert made <= 4
 
 
+def test_a_closed_bracket_of_small_sizes_closes_in_one_more_round():
+    # gpt on an H200 under 4 GiB: sizes two apart left the ceiling's bracket
+    # open at 60-62 (3% of 62 is under 2), and a third round cost 7 s.
+    need = {37: 37.0}
+    target = Target(free=61.5, start=37, more_likely=True, resolution=0.03,
+                    factor=1.12)
+    rounds = []
+
+    def plans(sizes):
+        rounds.append(sizes)
+        return {b: float(b) for b in sizes}
+
+    search([target], plans, need, 24, 8)
+    assert (target.lo, target.hi) == (61, 62) and len(rounds) == 2
+
+
 def test_each_size_compiles_as_soon_as_it_is_lowered_the_largest_first(monkeypatch):
     from keras_memwatch import xla_plan
     from keras_memwatch.capacity.xla_compile import Planner
