@@ -1,8 +1,8 @@
 """Checks `estimate_max_batch_size` against reality on a GPU (issues 8, 15).
 
 For each model (a transformer on token inputs, a convnet, a
-transformer-like block and a small ResNet), under a memory limit set with
-`configure_memory(memory_limit_mb=...)`:
+transformer-like block, a small ResNet and `gpt`, a wider decoder),
+under a memory limit set with `configure_memory(memory_limit_mb=...)`:
 
 1. estimate the largest batch, each model in turn, each in a fresh process
    (but with `--tiny`), timed (the model restored exactly is checked);
