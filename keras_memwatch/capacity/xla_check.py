@@ -52,8 +52,9 @@ AUTOTUNED_WIDTH = 2  # autotuned compilations a round (GPU)
 ANSWER_WIDTH = 4  # aimed compilations a round of the answer's search (GPU)
 MAX_CEILING_AUTOTUNED = 6  # autotuned compilations for the ceiling (GPU)
 #: The ceiling's aimed search steps up by this from the answer (GPU): XLA's
-#: recomputation put ceilings 1.3-1.7x above it, so a first round of six
-#: sizes leaves a bracket that one more round of three tells to 3%.
+#: recomputation put ceilings 1.3-1.7x above it (five models on an H200), so
+#: a first round of six sizes leaves a bracket that one more round, of
+#: three sizes where batches are in the hundreds, tells to 3%.
 CEILING_FACTOR = 1.12
 FAR = 8  # steps down, at most, that one round of the ceiling's search jumps
 
