@@ -215,7 +215,7 @@ class Target:
         if self.hi == 1 and self.lo is None:
             return True
         return (self.lo is not None and self.hi is not None
-                and self.hi - self.lo <= max(1, self.resolution * self.hi))
+                and self._closes(self.lo, self.hi - self.lo))
 
     def step(self, size: int) -> int:
         return max(1, int(self.resolution * size))

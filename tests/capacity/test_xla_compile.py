@@ -187,6 +187,7 @@ def test_where_the_plans_agree_within_1_percent_one_compilation_confirms_the_cei
     tuned_rounds = [sizes for aim, sizes in planner.rounds if not aim]
     assert tuned_rounds == [[line], [top]]
     assert f"{above} would need" in checked.explanation
+    assert "as planned without autotuning" in checked.explanation
 
 
 def test_where_nothing_above_the_answer_fits_as_fit_compiles_it_that_is_the_ceiling():
