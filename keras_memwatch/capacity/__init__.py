@@ -46,9 +46,12 @@ How a step's working memory is measured, per device (`method="auto"`):
   answer down towards the reserved line's); the answer under the headroom
   is the line's scaled by what the allocator needed there, and one real
   step at it must run (else it steps down 5%). On PyTorch the boundary is
-  then searched again, and the recommendation trained, in new processes
-  (`fresh_process`): a process that has trained can fit more than a job
-  started afresh. The allocator settings in effect are reported, and
+  then searched again, and the recommendation trained, in new processes,
+  each a job of 4 epochs of 15 steps (`fresh_process`): a process that has
+  trained can fit more than a job started afresh, and a job's peak rises
+  above its first steps' as reference cycles hold memory (`collector`).
+  The steps measured in this process run with Python's garbage collector
+  paused (`collector`). The allocator settings in effect are reported, and
   where `expandable_segments` is off the boundary is searched again with
   it switched on in this process (see `allocator`), then switched back.
 - JAX on a GPU: the ladder trains nothing: it compiles every size, side by

@@ -164,6 +164,10 @@ class TorchCache:
         return (int(cuda.max_memory_allocated(self.index)),
                 int(cuda.max_memory_reserved(self.index)))
 
+    def allocated(self) -> int:
+        """Bytes allocated now."""
+        return int(self.torch.cuda.memory_allocated(self.index))
+
     def reserved(self) -> int:
         """Bytes reserved now."""
         return int(self.torch.cuda.memory_reserved(self.index))

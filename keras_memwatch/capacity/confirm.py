@@ -18,11 +18,12 @@ So, once the line is fitted:
    over the line's working memory there), and it is trained for real
    before it is reported; an out-of-memory error there steps it down
    by 5% (at most `MAX_DOWN` times).
-3. On PyTorch the boundary is searched once more in new processes, from
-   the one found here down (at most `MAX_FRESH` sizes), and the
-   recommendation is scaled from that boundary and trained in a new
-   process: a process that has trained can fit more than a job started
-   afresh (`fresh_process`).
+3. On PyTorch the boundary is searched once more in new processes, each a
+   job of several epochs, from the one found here down (at most
+   `MAX_FRESH` sizes), and the recommendation is scaled from that boundary
+   and trained in a new process: a process that has trained can fit more
+   than a job started afresh, and a job's peak rises above its first
+   steps' as reference cycles hold memory (`fresh_process`, `collector`).
 4. On PyTorch, where `expandable_segments` is off and torch can switch it
    at run time, the boundary search is repeated with it on, upwards from
    the smallest size that failed without it (at most `MAX_EXPANDABLE`
@@ -43,13 +44,19 @@ import time
 from typing import Any, Callable, Optional
 
 from keras_memwatch import columns as C
+from keras_memwatch.capacity import collector
 from keras_memwatch.capacity.allocator import STEPS_PER_SIZE, TorchCache, read_settings
 from keras_memwatch.capacity.batches import Batches
-from keras_memwatch.capacity.fresh_process import FreshProcessError, FreshProcessSteps
+from keras_memwatch.capacity.fresh_process import (
+    JOB_EPOCHS,
+    JOB_STEPS,
+    FreshProcessError,
+    FreshProcessSteps,
+)
 from keras_memwatch.capacity.meter import Meter
 from keras_memwatch.capacity.result import LIMIT_ALLOCATOR, CapacityEstimate, Trial
 from keras_memwatch.oom import is_oom_error
-from keras_memwatch.units import format_bytes
+from keras_memwatch.units import MIB, format_bytes
 
 logger = logging.getLogger("keras_memwatch")
 
@@ -188,17 +195,21 @@ class RealSteps:
         self.meter.read()  # resets the peaks the probes can reset
         began = time.perf_counter()
         error = ""
-        try:
-            for _ in range(STEPS_PER_SIZE):
-                self.model.train_on_batch(batch[0], batch[1])
-            self.meter.sync()
-            ran = True
-        except Exception as e:
-            if not is_oom_error(e):
-                raise
-            error = type(e).__name__
-            ran = False
-            del e
+        cyclic: Optional[int] = None
+        with collector.paused():
+            try:
+                for _ in range(STEPS_PER_SIZE):
+                    self.model.train_on_batch(batch[0], batch[1])
+                self.meter.sync()
+                ran = True
+            except Exception as e:
+                if not is_oom_error(e):
+                    raise
+                error = type(e).__name__
+                ran = False
+                del e
+            if ran and self.cache is not None:
+                cyclic = collector.freed_by_collection(self.cache.allocated)
         del batch
         allocated: Optional[int] = None
         reserved: Optional[int] = None
@@ -214,7 +225,8 @@ class RealSteps:
                       expandable_segments=self.expandable,
                       allocated_peak_bytes=allocated,
                       reserved_peak_bytes=reserved,
-                      seconds=round(time.perf_counter() - began, 3), error=error)
+                      seconds=round(time.perf_counter() - began, 3), error=error,
+                      cyclic_bytes=cyclic)
         self.trials.append(trial)
         self.progress(
             f"estimate_max_batch_size: trained batch {size} ({purpose}"
@@ -305,6 +317,7 @@ def confirm_by_training(estimate: CapacityEstimate, model: Any, data: Batches,
         explanation += " " + _fresh_text(boundary, failed, here, failed_here)
     elif fresh_note:
         explanation += f" No answer from new processes: {fresh_note}."
+    explanation += _cycles_text(steps.trials, in_process is not None)
     return dataclasses.replace(
         estimate, predicted_batch_size=recommended, ceiling_batch_size=boundary,
         in_process_ceiling_batch_size=in_process,
@@ -377,18 +390,40 @@ def _fresh_text(boundary: Optional[int], failed: Optional[int], here: int,
     """What the new processes showed, in words (they try no size that failed
     here, so a smaller `failed` is theirs)."""
     if boundary is None:
-        return (f"In new processes (a job started afresh), no batch from {here} "
+        return (f"In new processes (a job started afresh, {JOB_EPOCHS} epochs of "
+                f"{JOB_STEPS} steps), no batch from {here} "
                 f"down trained in {MAX_FRESH} tries; the smallest that failed was "
                 f"{failed}.")
-    text = f"In new processes (each a job started afresh), batch {boundary} ran"
+    text = (f"In new processes (each a job started afresh, {JOB_EPOCHS} epochs of "
+            f"{JOB_STEPS} steps), batch {boundary} ran")
     if failed is not None and failed != failed_here:
         text += f", {failed} ran out of memory"
     elif failed is not None:
         text += f" ({failed}, which failed in this process, was not tried)"
     if boundary < here:
-        text += (f": {(here - boundary) / here:.0%} less than in this process, which"
-                 " keeps what its earlier steps left on the device")
+        text += (f": {(here - boundary) / here:.0%} less than {STEPS_PER_SIZE} steps "
+                 "in this process")
     return text + "; the recommendation comes from them and trained in one."
+
+
+def _cycles_text(trials: list[Trial], fresh: bool) -> str:
+    """What reference cycles held after the steps, where they held any
+    (`collector`), in words, or `""`; `fresh`: the answer comes from jobs in
+    new processes."""
+    held = [t for t in trials if t.ran and (t.cyclic_bytes or 0) >= MIB]
+    if not held:
+        return ""
+    most = max(held, key=lambda t: t.cyclic_bytes or 0)
+    where = ("the boundary and the recommendation come from jobs of "
+             f"{JOB_EPOCHS * JOB_STEPS} steps in new processes" if fresh else
+             "these steps are too few to show how far a long job's peak rises: "
+             "train a few epochs at the recommendation before relying on it")
+    return (f" Reference cycles held up to {format_bytes(most.cyclic_bytes or 0)} "
+            f"of device memory (batch {most.batch_size}, freed by one garbage "
+            "collection after its steps): Keras's PyTorch backend leaves each "
+            "step's inputs, and some activations, in cycles that only Python's "
+            "garbage collector frees (keras-team/keras#23110), at moments no job "
+            f"controls, so a job's peak rises above its first steps'; {where}.")
 
 
 def _train_recommendation(steps: Any, start: int) -> Optional[int]:
@@ -476,8 +511,11 @@ def _confirm_text(estimate: CapacityEstimate, trials: list[Trial], capped: bool,
             held = (f", the allocator reserving {format_bytes(trial.reserved_peak_bytes)}"
                     f" ({trial.reserved_peak_bytes / estimate.limit_bytes:.0%} of "
                     "the limit)")
+        steps = (f"{JOB_EPOCHS} epochs of {JOB_STEPS} steps in a new process"
+                 if trial is not None and trial.fresh_process else
+                 f"{STEPS_PER_SIZE} real steps")
         parts.append(f"Recommended batch {recommended} (under {estimate.headroom:.0%} "
-                     f"headroom) trained {STEPS_PER_SIZE} real steps{held}.")
+                     f"headroom) trained {steps}{held}.")
     if settings is not None:
         parts.append(f"Allocator: {settings.text()}.")
     if expandable is not None and boundary:

@@ -10,9 +10,10 @@ and 136. So, on PyTorch, the boundary is searched once more in new
 processes: the model is saved once (`model.save`, a `.keras` file in a
 temporary folder) with the sample batch, and each size is one child,
 `python -m keras_memwatch.capacity.fresh_process`, that sets the same
-limit with `configure_memory`, loads the model and trains
-`STEPS_PER_SIZE` steps with `fit`, as a job would. Each costs a process
-start (13-15 s on the H200)."""
+limit with `configure_memory`, loads the model and trains with `fit` as a
+job would: `JOB_EPOCHS` epochs of `JOB_STEPS` steps, Python's garbage
+collector running when it will. Each costs a process start and 60 steps
+(25-35 s on the H200, measured eight side by side)."""
 
 from __future__ import annotations
 
@@ -25,12 +26,20 @@ import tempfile
 import time
 from typing import Any, Callable, Optional
 
-from keras_memwatch.capacity.allocator import STEPS_PER_SIZE
+from keras_memwatch.capacity import collector
 from keras_memwatch.capacity.batches import Batches
 from keras_memwatch.capacity.result import Trial
 from keras_memwatch.units import MIB, format_bytes
 
-TIMEOUT_S = 600  # one child: start, load, two steps
+TIMEOUT_S = 600  # one child: start, load, train
+#: A child trains as a job: `JOB_EPOCHS` epochs of `JOB_STEPS` steps. Two
+#: steps are not enough: on an H200 under a 6 GiB cap, the PyTorch block
+#: trained 569 for two steps and ran out of memory at 537 and 553 within 60
+#: (at batch 500 the peak of 60 steps was 383 MiB, three of its batch-sized
+#: tensors held by reference cycles, above the first steps': `collector`);
+#: the transformer trained 136 for two steps and failed there within 60.
+JOB_STEPS = 15
+JOB_EPOCHS = 4
 EXIT_OOM = 3  # the child's exit status when the steps ran out of memory
 
 
@@ -80,8 +89,7 @@ class FreshProcessSteps:
         return cls(directory, limit_bytes, device_index, trials, progress), ""
 
     def run(self, size: int, purpose: str) -> bool:
-        """Trains `STEPS_PER_SIZE` steps of `size` in a new process; whether
-        they ran.
+        """Trains `size` in a new process as a job would; whether it ran.
 
         Raises:
             FreshProcessError: when the child failed for another reason than
@@ -106,7 +114,8 @@ class FreshProcessSteps:
                       allocated_peak_bytes=out.get("allocated"),
                       reserved_peak_bytes=out.get("reserved"),
                       seconds=round(time.perf_counter() - began, 3),
-                      error=out.get("error", ""), fresh_process=True)
+                      error=out.get("error", ""), fresh_process=True,
+                      cyclic_bytes=out.get("cyclic"))
         self.trials.append(trial)
         reserved = trial.reserved_peak_bytes
         self.progress(
@@ -191,9 +200,10 @@ def train_fresh(directory: str, size: int, limit_bytes: int) -> tuple[int, dict]
 
     model = keras.saving.load_model(os.path.join(directory, "model.keras"))
     x, y = load_batch(directory)
-    # As a job would train: `fit` over the sample repeated, which also
-    # holds what its data pipeline holds on the device.
-    x, y = Batches(x, y).take(size * STEPS_PER_SIZE)
+    # As a job would train: `fit`, epochs of many steps (one batch of the
+    # sample repeated, so the host holds one), the garbage collector left
+    # to run when it will.
+    steps = _repeated(*Batches(x, y).take(size))
     torch = None
     if keras.backend.backend() == "torch":
         import torch
@@ -203,18 +213,32 @@ def train_fresh(directory: str, size: int, limit_bytes: int) -> tuple[int, dict]
         else:
             torch = None
     try:
-        model.fit(x, y, batch_size=size, epochs=1, shuffle=False, verbose=0)
+        model.fit(steps, epochs=JOB_EPOCHS, verbose=0)
         if torch is not None:
             torch.cuda.synchronize()
     except Exception as e:
         if not is_oom_error(e):
             raise
         return EXIT_OOM, {"error": type(e).__name__}
-    report: dict = {}
-    if torch is not None:
-        report = {"allocated": int(torch.cuda.max_memory_allocated()),
-                  "reserved": int(torch.cuda.max_memory_reserved())}
-    return 0, report
+    if torch is None:
+        return 0, {}
+    return 0, {"allocated": int(torch.cuda.max_memory_allocated()),
+               "reserved": int(torch.cuda.max_memory_reserved()),
+               "cyclic": collector.freed_by_collection(torch.cuda.memory_allocated)}
+
+
+def _repeated(x: Any, y: Any) -> Any:
+    """A `keras.utils.PyDataset` of `JOB_STEPS` batches, each `(x, y)`."""
+    import keras
+
+    class Repeated(keras.utils.PyDataset):
+        def __len__(self) -> int:
+            return JOB_STEPS
+
+        def __getitem__(self, index: int) -> Any:
+            return x if y is None else (x, y)
+
+    return Repeated()
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -10,7 +10,7 @@ import sys
 from typing import Any, Callable, Optional
 
 from keras_memwatch import columns as C
-from keras_memwatch.capacity import xla_compile
+from keras_memwatch.capacity import collector, xla_compile
 from keras_memwatch.capacity.allocator import STEPS_PER_SIZE, TorchCache, torch_cache
 from keras_memwatch.capacity.host_memory import host_available_bytes
 from keras_memwatch.capacity.result import LIMIT_ALLOCATOR, LIMIT_HOST, LIMIT_NVML
@@ -190,9 +190,10 @@ class Meter:
             self.cache.free()
             self.cache.reset_peaks()
         self._row()  # resets the peaks that can be reset
-        for _ in range(STEPS_PER_SIZE if self.cache is not None else 1):
-            step()
-        self._sync()
+        with collector.paused():
+            for _ in range(STEPS_PER_SIZE if self.cache is not None else 1):
+                step()
+            self._sync()
         if self.cache is not None and self.reserved_baseline is not None:
             self.last_reserved = max(self.cache.peaks()[1] - self.reserved_baseline, 0)
         peak = self._row().get(self.peak_column)
@@ -232,8 +233,9 @@ class Meter:
         assert self.baseline is not None and self.cache is not None
         self.cache.free()
         self.cache.reset_peaks()
-        for _ in range(STEPS_PER_SIZE):
-            step()
+        with collector.paused():
+            for _ in range(STEPS_PER_SIZE):
+                step()
         self.last_reserved = max(self.cache.peaks()[1] - self.baseline, 0)
         return self.last_reserved
 

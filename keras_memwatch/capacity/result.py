@@ -34,6 +34,11 @@ class Trial:
             freed cache, where it ran and torch reports it.
         seconds: how long the step took.
         error: the exception's class name, where it ran out of memory.
+        cyclic_bytes: PyTorch: the device bytes that one garbage
+            collection freed after the steps (in the measuring process,
+            whose steps run with the collector paused, or at the end of a
+            new process's job; `keras_memwatch.capacity.collector`): what
+            reference cycles held; `None` where not measured.
     """
 
     batch_size: int
@@ -45,6 +50,7 @@ class Trial:
     seconds: float = 0.0
     error: str = ""
     fresh_process: bool = False
+    cyclic_bytes: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,9 +115,10 @@ class CapacityEstimate:
             plan a few percent more or less than `fit`'s compilation (an
             H200, a transformer: 4% more to 3% less), then checked and
             searched to 3% as `fit` compiles it; on a GPU measured by the
-            probes under an allocator cap, the largest batch that trained
-            two real steps: in a new process where `fresh_process` ran
-            (PyTorch), else in the measuring one.
+            probes under an allocator cap, the largest batch that trained:
+            as a job, 4 epochs of 15 steps, in a new process where
+            `fresh_process` ran (PyTorch), else two real steps in the
+            measuring one.
         checked: `(batch_size, working_bytes)` of XLA's compiled plan at
             each size checked after the fit (method `"xla"`), in order.
         reserved_measurements: PyTorch on a GPU: `(batch_size,

@@ -6,6 +6,8 @@ import ...`), which a second conftest module would shadow.
 
 from __future__ import annotations
 
+import weakref
+
 import keras
 import numpy as np
 
@@ -30,6 +32,9 @@ class SimulatedGpu(Probe):
     the limit runs out of memory; with `expandable` on, the overhead is
     `expandable_overhead`. Steps after the first since the cache was freed
     need `later_overhead` times more (the caching allocator's fragmentation).
+    Each step leaves `cyclic_per_sample x batch` bytes in a reference cycle
+    (as Keras's PyTorch backend does), held until Python's garbage collector
+    frees it, and counted in every later step's need until then.
     """
 
     columns = (C.ALLOCATOR_CURRENT, C.ALLOCATOR_PEAK, C.ALLOCATOR_LIMIT)
@@ -37,7 +42,7 @@ class SimulatedGpu(Probe):
     def __init__(self, name, per_step=True, in_use=GIB, static=64 * MIB,
                  per_sample=10 * MIB, limit=16 * GIB, first_step_extra=0,
                  overhead=1.0, expandable_overhead=None, oom_at=None,
-                 later_overhead=1.0):
+                 later_overhead=1.0, cyclic_per_sample=0):
         self.name = name
         self.peak_per_sample = per_step
         self.in_use, self.static, self.per_sample = in_use, static, per_sample
@@ -47,6 +52,8 @@ class SimulatedGpu(Probe):
         self.expandable = False
         self.later_overhead = later_overhead
         self.steps_since_free = 0
+        self.cyclic_per_sample = cyclic_per_sample
+        self.cyclic = 0  # bytes that reference cycles hold now
         self.oom_at = limit if oom_at is None else oom_at  # None: never
         self.pending = None  # the peak of steps since the last read
         self.high_water = in_use
@@ -62,7 +69,7 @@ class SimulatedGpu(Probe):
                     and self.expandable_overhead is not None else self.overhead)
         if self.steps_since_free > 1:
             overhead *= self.later_overhead
-        return self.in_use + overhead * self.working(batch)
+        return self.in_use + self.cyclic + overhead * self.working(batch)
 
     def step(self, batch):
         self.steps_since_free += 1
@@ -74,9 +81,22 @@ class SimulatedGpu(Probe):
         if not self.batches:
             peak += self.first_step_extra
         self.batches.append(batch)
+        self._leave_cycle(self.cyclic_per_sample * batch)
         self.pending = max(self.pending or 0, peak)
         self.high_water = max(self.high_water, peak)
         self.reserved_peak = max(self.reserved_peak, int(reserved))
+
+    def _leave_cycle(self, nbytes):
+        if not nbytes:
+            return
+        cycle = {"bytes": nbytes}
+        cycle["self"] = cycle
+        self.cyclic += nbytes
+
+        def freed():
+            self.cyclic -= nbytes
+
+        weakref.finalize(_Held(cycle), freed)
 
     def start(self):
         return ("GPU:0",)
@@ -88,6 +108,14 @@ class SimulatedGpu(Probe):
         else:
             peak = self.high_water
         return ((self.in_use, peak, self.limit),)
+
+
+class _Held:
+    """A weakly referenceable part of a reference cycle."""
+
+    def __init__(self, cycle):
+        cycle["held"] = self
+        self.cycle = cycle
 
 
 def simulate_gpu(monkeypatch, model, **kwargs):
@@ -135,6 +163,9 @@ class FakeCache:
     def reserved(self):
         return self.gpu.in_use
 
+    def allocated(self):
+        return self.gpu.in_use + self.gpu.cyclic
+
     def set_expandable(self, on):
         self.calls.append(f"expandable:{on}")
         if not self.can_switch:
@@ -178,11 +209,13 @@ class FakeFreshSteps:
             raise FreshProcessError(f"batch {size}: the process exited 1 (crash)")
         self.sizes.append(size)
         gpu = self.gpu
-        need = gpu.in_use + (gpu.overhead * gpu.later_overhead * self.cold
-                             * gpu.working(size))
+        held = gpu.cyclic_per_sample * size  # the first step's, in the second
+        need = gpu.in_use + held + (gpu.overhead * gpu.later_overhead * self.cold
+                                    * gpu.working(size))
         ran = gpu.oom_at is None or need <= gpu.oom_at
         self.trials.append(Trial(size, ran, purpose, fresh_process=True,
-                                 reserved_peak_bytes=int(need) if ran else None))
+                                 reserved_peak_bytes=int(need) if ran else None,
+                                 cyclic_bytes=2 * held if ran else None))
         return ran
 
     def close(self):

@@ -158,7 +158,7 @@ def test_every_size_is_tried_for_two_steps_since_the_second_needs_more(torch_gpu
     recommended = estimate.predicted_batch_size
     assert fits(recommended, 0.9 * 16 * GIB)
     assert not fits(int(recommended * 1.02) + 1, 0.9 * 16 * GIB)
-    assert "trained 2 real steps" in estimate.explanation
+    assert "trained 4 epochs of 15 steps in a new process" in estimate.explanation
 
 
 def test_a_torch_that_cannot_switch_says_how_to_measure(torch_gpu):
@@ -248,7 +248,7 @@ def test_the_answer_comes_from_new_processes_where_they_fit_less(torch_gpu):
     assert (last.batch_size, last.ran, last.fresh_process) == (recommended, True, True)
     best = largest(1.08, room=0.9 * 16 * GIB)
     assert 0.97 * best <= recommended <= best
-    assert "less than in this process" in estimate.explanation
+    assert "less than 2 steps in this process" in estimate.explanation
     failed = min(t.batch_size for t in estimate.trials if t.fresh_process and not t.ran)
     assert f"batch {estimate.ceiling_batch_size} ran, {failed} ran out of memory" in \
         estimate.explanation

@@ -13,6 +13,8 @@ from keras_memwatch.capacity import fresh_process
 from keras_memwatch.capacity.batches import Batches
 from keras_memwatch.capacity.fresh_process import (
     EXIT_OOM,
+    JOB_EPOCHS,
+    JOB_STEPS,
     FreshProcessError,
     FreshProcessSteps,
     train_fresh,
@@ -100,8 +102,11 @@ def test_the_child_reports_out_of_memory_and_raises_anything_else(
     class Model:
         error = OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-        def fit(self, x, y, batch_size, **kwargs):
-            assert (len(x), batch_size) == (32, 16)  # two steps, as a job trains
+        def fit(self, steps, epochs, **kwargs):
+            # as a job trains: epochs of many steps of the batch
+            assert (len(steps), epochs) == (JOB_STEPS, JOB_EPOCHS)
+            x, y = steps[JOB_STEPS - 1]
+            assert len(x) == len(y) == 16
             raise self.error
 
     import keras
