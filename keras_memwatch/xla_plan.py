@@ -17,6 +17,18 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Optional
 
+#: The batches a `fit` on an accelerator holds on the device beside the
+#: running step's own: Keras's JAX loop sends the next batch ahead
+#: (`_one_batch_ahead_iterator`) and, dispatching asynchronously, runs
+#: ahead of the device, each step dispatched holding its batch until it
+#: runs. On an H200 under a 6 GiB cap (a block of two attention layers at
+#: batch 200, 50 MiB a batch, each run a new process) the peak of a fit
+#: was the plan's for 2 steps, 9 batches above it in 4 epochs of 15 steps,
+#: 13 in one epoch of 60, and the plan's again with a callback that waits
+#: for each step; the block's answer of the plan alone, 282, ran out of
+#: memory within 60 steps.
+BATCHES_AHEAD = 16
+
 
 def jitted_step(function: Any) -> Optional[Any]:
     """The jitted step inside a Keras step function (`model.train_function`),
@@ -101,17 +113,17 @@ def lower_step(model: Any, batch: tuple[Any, Any], size: int) -> tuple[Any, int,
 
     Returns:
         `(lowered, state_bytes, ahead_bytes)`: the lowered step, the bytes
-        of the training state, and the batch Keras sends ahead on an
-        accelerator (see `working_bytes`).
+        of the training state, and the `BATCHES_AHEAD` batches a `fit`
+        holds ahead of it on an accelerator (see `working_bytes`).
     """
     import jax
 
     state = training_state(model)
     lowered = jitted_train_step(model).lower(state, batch_spec(batch, size))
     state_bytes = sum(int(leaf.nbytes) for leaf in jax.tree_util.tree_leaves(state))
-    # Keras's JAX trainer sends the next batch to an accelerator while a
-    # step runs (`_one_batch_ahead_iterator`; not on the CPU).
-    ahead = 0 if jax.default_backend() == "cpu" else batch_bytes(batch, size)
+    # Keras's JAX trainer sends batches ahead only to an accelerator.
+    ahead = (0 if jax.default_backend() == "cpu"
+             else BATCHES_AHEAD * batch_bytes(batch, size))
     return lowered, state_bytes, ahead
 
 
@@ -127,8 +139,9 @@ def working_bytes(model: Any, batch: tuple[Any, Any], size: int,
                   compiler_options: Optional[dict[str, Any]] = None) -> int:
     """Device bytes a `fit` step on `size` samples needs beyond the training
     state: the compiled plan (arguments + outputs - donated + temporaries)
-    less the state, which is in memory already, plus the batch Keras sends
-    ahead on an accelerator. Compiles the step for that shape; runs nothing.
+    less the state, which is in memory already, plus the `BATCHES_AHEAD`
+    batches a `fit` holds ahead of the step on an accelerator. Compiles the
+    step for that shape; runs nothing.
 
     Args:
         model: a compiled Keras model, built, on the JAX backend.

@@ -83,9 +83,25 @@ def test_working_bytes_is_the_plan_less_the_state():
     sizes = (16, 32, 64)
     working = [xla_plan.working_bytes(model, sample, b) for b in sizes]
     # the sample itself and the conv's output (8 channels of 32x32 floats) at
-    # least (on a GPU, also the next batch, which Keras sends ahead)
+    # least (on a GPU, also the batches a fit holds ahead)
     per_sample = (working[2] - working[1]) / 32
     assert per_sample > (32 * 32 * 3 * 4 + 4) + 32 * 32 * 8 * 4
     assert working[1] - working[0] == pytest.approx(16 * per_sample, rel=0.01)
     # compiling for a size no device could hold runs nothing and allocates nothing
     assert xla_plan.working_bytes(model, sample, 2**20) > 2**20 * per_sample * 0.99
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="XLA's plan of Keras's JAX train step")
+def test_on_an_accelerator_the_batches_a_fit_holds_ahead_count(monkeypatch):
+    import jax
+
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.zeros((2, 6), "float32"), np.zeros((2, 2), "float32")
+    model.train_on_batch(x, y)
+    on_cpu = xla_plan.lower_step(model, (x, y), 10)
+    assert on_cpu[2] == 0  # Keras sends no batch ahead to the CPU
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    _, state_bytes, ahead = xla_plan.lower_step(model, (x, y), 10)
+    assert state_bytes == on_cpu[1]
+    assert ahead == xla_plan.BATCHES_AHEAD * 10 * (6 + 2) * 4
