@@ -9,9 +9,9 @@ under a memory limit set with `configure_memory(memory_limit_mb=...)`:
 2. train the recommended size (headroom 0.1) for real, in a fresh process:
    it must run;
 3. train the prediction without headroom, then search (bounded:
-   `--max-trials`) for the largest batch that really trains two steps, each
-   trial a fresh process: brackets from what ran or failed by 3% steps,
-   then bisects to 1%;
+   `--max-trials`) for the largest batch that really trains as a job does,
+   4 epochs of 15 steps, each trial a fresh process: brackets from what ran
+   or failed by 3% steps, then bisects to 1%;
 4. PyTorch: train the size the estimate measured with
    `expandable_segments:True`, in a fresh process started with
    `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`;
@@ -51,7 +51,14 @@ from typing import Any, Optional
 
 MIB = 2**20
 GIB = 2**30
-STEPS = 2
+#: A trial trains as a job: `EPOCHS` epochs of `STEPS` steps. Two steps
+#: were not enough: on an H200 under 6 GiB, five of seven predictions
+#: without headroom and two of eight recommendations that had trained two
+#: steps ran out of memory within 60 (Keras's JAX loop runs ahead of the
+#: device with batches in flight; Keras's PyTorch backend leaves batches in
+#: reference cycles).
+STEPS = 15
+EPOCHS = 4
 TRIAL_TIMEOUT = 300
 
 
@@ -234,10 +241,13 @@ def _wait(model: Any, backend: str) -> None:
 def trial(name: str, batch: int, backend: str, watch_dir: Optional[str] = None,
           limit_bytes: Optional[int] = None, steps: int = STEPS,
           how: str = "fit", warm: int = 0, clear_workspaces: bool = False,
-          build_optimizer: bool = False, warm_how: str = "train_on_batch"
-          ) -> dict[str, Any]:
+          build_optimizer: bool = False, warm_how: str = "train_on_batch",
+          epochs: int = EPOCHS, gc_paused: bool = False) -> dict[str, Any]:
     """Builds a fresh model and trains `steps` steps of `batch` with `fit`
-    (or `train_on_batch`): ran or oom.
+    (or `train_on_batch`), `epochs` times over: ran or oom.
+
+    With `gc_paused`, Python's garbage collector is paused during the steps,
+    as the estimate trains (`keras_memwatch.capacity.collector`).
 
     With `warm`, the model first trains one step of `warm` samples and the
     allocator's cache is emptied (after cuBLAS's workspaces are freed, with
@@ -245,6 +255,9 @@ def trial(name: str, batch: int, backend: str, watch_dir: Optional[str] = None,
     before its real steps (`warm_how="predict"`: a forward pass only). With
     `build_optimizer`, the optimizer's variables are made before the first
     step instead of in it."""
+    import contextlib
+
+    from keras_memwatch.capacity import collector
     from keras_memwatch.oom import is_oom_error
 
     began = time.perf_counter()
@@ -274,16 +287,20 @@ def trial(name: str, batch: int, backend: str, watch_dir: Optional[str] = None,
 
             if torch.cuda.is_available():
                 torch.cuda.reset_peak_memory_stats()
-        if how == "train_on_batch":
-            for i in range(steps):
-                model.train_on_batch(x[i * batch:(i + 1) * batch],
-                                     y[i * batch:(i + 1) * batch])
-            _wait(model, backend)
-        elif watch_dir is None:
-            model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False)
-            _wait(model, backend)
-        else:
-            out.update(_watched_fit(model, x, y, batch, backend, watch_dir))
+        with collector.paused() if gc_paused else contextlib.nullcontext():
+            if how == "train_on_batch":
+                for _ in range(epochs):
+                    for i in range(steps):
+                        model.train_on_batch(x[i * batch:(i + 1) * batch],
+                                             y[i * batch:(i + 1) * batch])
+                _wait(model, backend)
+            elif watch_dir is None:
+                model.fit(x, y, batch_size=batch, epochs=epochs, verbose=0,
+                          shuffle=False)
+                _wait(model, backend)
+            else:
+                out.update(_watched_fit(model, x, y, batch, backend, watch_dir,
+                                        epochs))
         out["result"] = "ran"
         out.update(_how_close(model, name, batch, backend, limit_bytes))
     except Exception as e:
@@ -304,7 +321,7 @@ def trial(name: str, batch: int, backend: str, watch_dir: Optional[str] = None,
 
 
 def _watched_fit(model: Any, x: Any, y: Any, batch: int, backend: str,
-                 watch_dir: str) -> dict[str, Any]:
+                 watch_dir: str, epochs: int = 1) -> dict[str, Any]:
     """fit under MemWatch + oom_guard; checks the guard's report on an OOM."""
     from keras_memwatch import MemWatch
     from keras_memwatch.guard import oom_guard
@@ -315,8 +332,8 @@ def _watched_fit(model: Any, x: Any, y: Any, batch: int, backend: str,
     info: dict[str, Any] = {}
     try:
         with guard:
-            model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False,
-                      callbacks=[watch])
+            model.fit(x, y, batch_size=batch, epochs=epochs, verbose=0,
+                      shuffle=False, callbacks=[watch])
             _wait(model, backend)
         frame = watch.to_dataframe()
         gpu = frame[frame["device"].astype(str) == "GPU:0"]
@@ -364,8 +381,10 @@ def _how_close(model: Any, name: str, batch: int, backend: str,
 
             from keras_memwatch import xla_plan
 
-            in_use = jax.local_devices()[0].memory_stats()["bytes_in_use"]
-            peak = in_use + xla_plan.working_bytes(model, data(name, 1), batch)
+            stats = jax.local_devices()[0].memory_stats()
+            out["peak_bytes_in_use"] = stats.get("peak_bytes_in_use")
+            peak = stats["bytes_in_use"] + xla_plan.working_bytes(
+                model, data(name, 1), batch)
             out["planned_peak_bytes"] = peak
         if limit_bytes:
             out["peak_of_limit"] = round(peak / limit_bytes, 4)
@@ -376,10 +395,12 @@ def _how_close(model: Any, name: str, batch: int, backend: str,
 
 def trial_in_child(name: str, batch: int, backend: str, limit_mb: float,
                    cpu_as_limit_mb: Optional[float] = None,
-                   env: Optional[dict[str, str]] = None) -> dict[str, Any]:
+                   env: Optional[dict[str, str]] = None, steps: int = STEPS,
+                   epochs: int = EPOCHS) -> dict[str, Any]:
     """`trial` in a fresh process."""
     began = time.perf_counter()
     extra = ["--cpu-as-limit-mb", str(cpu_as_limit_mb)] if cpu_as_limit_mb else []
+    extra += ["--trial-steps", str(steps), "--trial-epochs", str(epochs)]
     try:
         done = subprocess.run(
             [sys.executable, "-m", "benchmarks.verify_capacity", "--limit-mb",
@@ -532,7 +553,8 @@ def verify_trials(name: str, backend: str, primary: dict[str, Any],
         return result
 
     def run(b: int, env: Optional[dict[str, str]] = None) -> dict[str, Any]:
-        t = trial_in_child(name, b, backend, args.limit_mb, args.cpu_as_limit_mb, env)
+        t = trial_in_child(name, b, backend, args.limit_mb, args.cpu_as_limit_mb, env,
+                           args.trial_steps, args.trial_epochs)
         t["env"] = env or {}
         result["trials"].append(t)
         return t
@@ -662,7 +684,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--estimate", nargs=2, metavar=("MODEL", "METHOD"),
                         help="one estimate in this process: prints its JSON")
     parser.add_argument("--trial-steps", type=int, default=STEPS,
-                        help=f"steps of a --trial (default {STEPS})")
+                        help=f"steps of each epoch of a trial (default {STEPS})")
+    parser.add_argument("--trial-epochs", type=int, default=EPOCHS,
+                        help=f"epochs of a trial over its steps (default {EPOCHS})")
+    parser.add_argument("--trial-watch", default=None, metavar="DIR",
+                        help="a --trial trains under MemWatch, its log in DIR")
+    parser.add_argument("--trial-gc-paused", action="store_true",
+                        help="a --trial pauses Python's garbage collector "
+                             "during its steps, as the estimate does")
     parser.add_argument("--trial-how", choices=("fit", "train_on_batch"),
                         default="fit", help="how a --trial trains (default fit)")
     parser.add_argument("--trial-warm", type=int, default=0, metavar="N",
@@ -693,10 +722,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         name, batch = args.trial[0], int(args.trial[1])
         if args.cpu_as_limit_mb:
             _cap_address_space(args.cpu_as_limit_mb)
-        print(json.dumps(trial(name, batch, backend, None, config.limit_bytes(0),
+        print(json.dumps(trial(name, batch, backend, args.trial_watch,
+                               config.limit_bytes(0),
                                args.trial_steps, args.trial_how, args.trial_warm,
                                args.trial_clear_workspaces,
-                               args.trial_build_optimizer, args.trial_warm_how)))
+                               args.trial_build_optimizer, args.trial_warm_how,
+                               args.trial_epochs, args.trial_gc_paused)))
         return 0
     if args.estimate:
         print(json.dumps(estimate(args.estimate[0], args.estimate[1], backend),
