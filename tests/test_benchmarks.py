@@ -162,7 +162,8 @@ def test_verify_capacity_tiny_prints_the_table_and_writes_json(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.verify_capacity", "--tiny",
          "--models", "transformer_tiny", "--cpu-as-limit-mb", "1500",
-         "--max-trials", "1", "--json", str(out)],
+         "--max-trials", "1", "--trial-steps", "3", "--trial-epochs", "2",
+         "--json", str(out)],
         cwd=str(ROOT), capture_output=True, text=True, timeout=600,
         env={**os.environ, "PYTHONPATH": str(ROOT), "KERAS_BACKEND": backend,
              "TF_CPP_MIN_LOG_LEVEL": "3"})
