@@ -321,7 +321,7 @@ def trial(name: str, batch: int, backend: str, watch_dir: Optional[str] = None,
 
 
 def _watched_fit(model: Any, x: Any, y: Any, batch: int, backend: str,
-                 watch_dir: str, epochs: int = 1) -> dict[str, Any]:
+                 watch_dir: str, epochs: int = EPOCHS) -> dict[str, Any]:
     """fit under MemWatch + oom_guard; checks the guard's report on an OOM."""
     from keras_memwatch import MemWatch
     from keras_memwatch.guard import oom_guard
