@@ -1,4 +1,4 @@
-"""The estimate trains its steps with Python's garbage collector paused."""
+"""The steps the estimate measures run with Python's garbage collector paused."""
 
 from __future__ import annotations
 
