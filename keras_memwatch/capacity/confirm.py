@@ -48,6 +48,7 @@ from keras_memwatch.capacity import collector
 from keras_memwatch.capacity.allocator import STEPS_PER_SIZE, TorchCache, read_settings
 from keras_memwatch.capacity.batches import Batches
 from keras_memwatch.capacity.fresh_process import (
+    JOB,
     JOB_EPOCHS,
     JOB_STEPS,
     FreshProcessError,
@@ -390,12 +391,10 @@ def _fresh_text(boundary: Optional[int], failed: Optional[int], here: int,
     """What the new processes showed, in words (they try no size that failed
     here, so a smaller `failed` is theirs)."""
     if boundary is None:
-        return (f"In new processes (a job started afresh, {JOB_EPOCHS} epochs of "
-                f"{JOB_STEPS} steps), no batch from {here} "
+        return (f"In new processes (a job started afresh, {JOB}), no batch from {here} "
                 f"down trained in {MAX_FRESH} tries; the smallest that failed was "
                 f"{failed}.")
-    text = (f"In new processes (each a job started afresh, {JOB_EPOCHS} epochs of "
-            f"{JOB_STEPS} steps), batch {boundary} ran")
+    text = f"In new processes (each a job started afresh, {JOB}), batch {boundary} ran"
     if failed is not None and failed != failed_here:
         text += f", {failed} ran out of memory"
     elif failed is not None:
@@ -511,7 +510,7 @@ def _confirm_text(estimate: CapacityEstimate, trials: list[Trial], capped: bool,
             held = (f", the allocator reserving {format_bytes(trial.reserved_peak_bytes)}"
                     f" ({trial.reserved_peak_bytes / estimate.limit_bytes:.0%} of "
                     "the limit)")
-        steps = (f"{JOB_EPOCHS} epochs of {JOB_STEPS} steps in a new process"
+        steps = (f"{JOB} in a new process"
                  if trial is not None and trial.fresh_process else
                  f"{STEPS_PER_SIZE} real steps")
         parts.append(f"Recommended batch {recommended} (under {estimate.headroom:.0%} "

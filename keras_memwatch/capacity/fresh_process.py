@@ -40,6 +40,7 @@ TIMEOUT_S = 600  # one child: start, load, train
 #: the transformer trained 136 for two steps and failed there within 60.
 JOB_STEPS = 15
 JOB_EPOCHS = 4
+JOB = f"{JOB_EPOCHS} epochs of {JOB_STEPS} steps"  # in words
 EXIT_OOM = 3  # the child's exit status when the steps ran out of memory
 
 
