@@ -204,6 +204,21 @@ def data(name: str, n: int) -> tuple[Any, Any]:
     return base[index], labels[index]
 
 
+def repeated(x: Any, y: Any, steps: int) -> Any:
+    """A `keras.utils.PyDataset` of `steps` batches, each `(x, y)`: what a
+    job's device sees, for the host memory of one batch."""
+    import keras
+
+    class Repeated(keras.utils.PyDataset):
+        def __len__(self) -> int:
+            return steps
+
+        def __getitem__(self, index: int) -> Any:
+            return x, y
+
+    return Repeated()
+
+
 def fit_check_conv() -> tuple[Any, tuple[Any, Any]]:
     """`python -m keras_memwatch fit-check --model benchmarks.verify_capacity:fit_check_conv`"""
     return build("conv"), data("conv", 64)
@@ -281,7 +296,7 @@ def trial(name: str, batch: int, backend: str, watch_dir: Optional[str] = None,
                 if clear_workspaces:
                     torch._C._cuda_clearCublasWorkspaces()
                 torch.cuda.empty_cache()
-        x, y = data(name, batch * steps)
+        x, y = data(name, batch)
         if backend == "torch":
             import torch
 
@@ -290,17 +305,15 @@ def trial(name: str, batch: int, backend: str, watch_dir: Optional[str] = None,
         with collector.paused() if gc_paused else contextlib.nullcontext():
             if how == "train_on_batch":
                 for _ in range(epochs):
-                    for i in range(steps):
-                        model.train_on_batch(x[i * batch:(i + 1) * batch],
-                                             y[i * batch:(i + 1) * batch])
+                    for _ in range(steps):
+                        model.train_on_batch(x, y)
                 _wait(model, backend)
             elif watch_dir is None:
-                model.fit(x, y, batch_size=batch, epochs=epochs, verbose=0,
-                          shuffle=False)
+                model.fit(repeated(x, y, steps), epochs=epochs, verbose=0)
                 _wait(model, backend)
             else:
-                out.update(_watched_fit(model, x, y, batch, backend, watch_dir,
-                                        epochs))
+                out.update(_watched_fit(model, repeated(x, y, steps), batch,
+                                        backend, watch_dir, epochs))
         out["result"] = "ran"
         out.update(_how_close(model, name, batch, backend, limit_bytes))
     except Exception as e:
@@ -320,7 +333,7 @@ def trial(name: str, batch: int, backend: str, watch_dir: Optional[str] = None,
     return out
 
 
-def _watched_fit(model: Any, x: Any, y: Any, batch: int, backend: str,
+def _watched_fit(model: Any, steps: Any, batch: int, backend: str,
                  watch_dir: str, epochs: int = EPOCHS) -> dict[str, Any]:
     """fit under MemWatch + oom_guard; checks the guard's report on an OOM."""
     from keras_memwatch import MemWatch
@@ -332,8 +345,7 @@ def _watched_fit(model: Any, x: Any, y: Any, batch: int, backend: str,
     info: dict[str, Any] = {}
     try:
         with guard:
-            model.fit(x, y, batch_size=batch, epochs=epochs, verbose=0,
-                      shuffle=False, callbacks=[watch])
+            model.fit(steps, epochs=epochs, verbose=0, callbacks=[watch])
             _wait(model, backend)
         frame = watch.to_dataframe()
         gpu = frame[frame["device"].astype(str) == "GPU:0"]
