@@ -257,12 +257,14 @@ def trial(name: str, batch: int, backend: str, watch_dir: Optional[str] = None,
           limit_bytes: Optional[int] = None, steps: int = STEPS,
           how: str = "fit", warm: int = 0, clear_workspaces: bool = False,
           build_optimizer: bool = False, warm_how: str = "train_on_batch",
-          epochs: int = EPOCHS, gc_paused: bool = False) -> dict[str, Any]:
+          epochs: int = EPOCHS, gc_paused: bool = False,
+          collect_every: int = 0) -> dict[str, Any]:
     """Builds a fresh model and trains `steps` steps of `batch` with `fit`
     (or `train_on_batch`), `epochs` times over: ran or oom.
 
     With `gc_paused`, Python's garbage collector is paused during the steps,
-    as the estimate trains (`keras_memwatch.capacity.collector`).
+    as the estimate trains (`keras_memwatch.capacity.collector`); with
+    `collect_every`, `fit` runs `keras_memwatch.CollectCycles(collect_every)`.
 
     With `warm`, the model first trains one step of `warm` samples and the
     allocator's cache is emptied (after cuBLAS's workspaces are freed, with
@@ -272,6 +274,7 @@ def trial(name: str, batch: int, backend: str, watch_dir: Optional[str] = None,
     step instead of in it."""
     import contextlib
 
+    from keras_memwatch import CollectCycles
     from keras_memwatch.capacity import collector
     from keras_memwatch.oom import is_oom_error
 
@@ -309,8 +312,12 @@ def trial(name: str, batch: int, backend: str, watch_dir: Optional[str] = None,
                         model.train_on_batch(x, y)
                 _wait(model, backend)
             elif watch_dir is None:
-                model.fit(repeated(x, y, steps), epochs=epochs, verbose=0)
+                collect = [CollectCycles(collect_every)] if collect_every else []
+                model.fit(repeated(x, y, steps), epochs=epochs, verbose=0,
+                          callbacks=collect)
                 _wait(model, backend)
+                if collect:
+                    out["collections_seconds"] = round(collect[0].seconds, 2)
             else:
                 out.update(_watched_fit(model, repeated(x, y, steps), batch,
                                         backend, watch_dir, epochs))
@@ -704,6 +711,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--trial-gc-paused", action="store_true",
                         help="a --trial pauses Python's garbage collector "
                              "during its steps, as the estimate does")
+    parser.add_argument("--trial-collect-every", type=int, default=0, metavar="N",
+                        help="a --trial fits with keras_memwatch.CollectCycles(N)")
     parser.add_argument("--trial-how", choices=("fit", "train_on_batch"),
                         default="fit", help="how a --trial trains (default fit)")
     parser.add_argument("--trial-warm", type=int, default=0, metavar="N",
@@ -739,7 +748,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                                args.trial_steps, args.trial_how, args.trial_warm,
                                args.trial_clear_workspaces,
                                args.trial_build_optimizer, args.trial_warm_how,
-                               args.trial_epochs, args.trial_gc_paused)))
+                               args.trial_epochs, args.trial_gc_paused,
+                               args.trial_collect_every)))
         return 0
     if args.estimate:
         print(json.dumps(estimate(args.estimate[0], args.estimate[1], backend),

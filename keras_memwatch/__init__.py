@@ -22,6 +22,7 @@ __version__ = "0.1.0"
 
 _PUBLIC = {
     "CapacityEstimate": "keras_memwatch.capacity",
+    "CollectCycles": "keras_memwatch.cycles",
     "MemWatch": "keras_memwatch.callback",
     "SpikeDetector": "keras_memwatch.detector",
     "SpikeEvent": "keras_memwatch.events",
@@ -35,6 +36,7 @@ __all__ = sorted(_PUBLIC)
 
 if TYPE_CHECKING:
     from keras_memwatch.capacity import CapacityEstimate, estimate_max_batch_size
+    from keras_memwatch.cycles import CollectCycles
     from keras_memwatch.guard import oom_guard
     from keras_memwatch.callback import MemWatch
     from keras_memwatch.config import configure_memory

@@ -1,0 +1,72 @@
+"""CollectCycles frees what reference cycles hold, every `every` batches."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import weakref
+
+import keras
+import numpy as np
+import pytest
+
+from keras_memwatch import CollectCycles
+
+
+class Part:
+    """A weakly referenceable member of a reference cycle."""
+
+
+class MakesCycles(keras.callbacks.Callback):
+    """Leaves one reference cycle per batch, as Keras's PyTorch steps do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made: list[weakref.ref] = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        part = Part()
+        part.me = part
+        self.made.append(weakref.ref(part))
+
+
+def fit(callbacks, epochs=2, samples=7):
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    x = np.zeros((samples, 3), "float32")
+    y = np.zeros((samples, 2), "float32")
+    model.fit(x, y, batch_size=1, epochs=epochs, verbose=0, callbacks=callbacks)
+
+
+@pytest.mark.parametrize("every", [0, -3, 2.5, True, "50", None])
+def test_every_must_be_a_positive_whole_number_of_batches(every):
+    with pytest.raises(ValueError, match=r"`every` must be a positive integer.*every=50"):
+        CollectCycles(every=every)
+
+
+def test_collects_every_n_batches_across_epochs_and_frees_the_cycles(caplog):
+    maker, collect = MakesCycles(), CollectCycles(every=3)
+    gc.collect()
+    gc.disable()  # only CollectCycles collects
+    try:
+        with caplog.at_level(logging.INFO, logger="keras_memwatch"):
+            fit([maker, collect])  # 2 epochs of 7 batches
+        alive = [i for i, ref in enumerate(maker.made) if ref() is not None]
+    finally:
+        gc.enable()
+    assert len(maker.made) == 14
+    assert collect.collections == 4  # after batches 3, 6, 9 and 12
+    assert alive == [12, 13]  # the cycles made after the last collection
+    assert collect.objects_freed >= 12 and collect.seconds > 0
+    assert "CollectCycles: 4 collections in 14 batches" in caplog.text
+
+
+def test_counts_start_again_with_each_fit():
+    collect = CollectCycles(every=5)
+    fit([collect], epochs=1)
+    fit([collect], epochs=1)
+    assert collect.collections == 1  # 7 batches: one collection, not 14 // 5
+
+
+def test_reads_no_logs_so_keras_need_not_wait_for_the_step():
+    assert CollectCycles.async_safe is True
