@@ -422,7 +422,10 @@ def _cycles_text(trials: list[Trial], fresh: bool) -> str:
             "collection after its steps): Keras's PyTorch backend leaves each "
             "step's inputs, and some activations, in cycles that only Python's "
             "garbage collector frees (keras-team/keras#23110), at moments no job "
-            f"controls, so a job's peak rises above its first steps'; {where}.")
+            f"controls, so a job's peak rises above its first steps'; {where}. "
+            "A longer job can hold more: train it with "
+            "`keras_memwatch.CollectCycles()` among its callbacks (a full "
+            "collection every 50 batches).")
 
 
 def _train_recommendation(steps: Any, start: int) -> Optional[int]:

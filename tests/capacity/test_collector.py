@@ -114,6 +114,7 @@ def test_what_cycles_hold_is_counted_and_said(torch_gpu):
     largest = max(t.cyclic_bytes for t in estimate.trials if t.ran)
     assert f"Reference cycles held up to {format_bytes(largest)}" in estimate.explanation
     assert "keras-team/keras#23110" in estimate.explanation
+    assert "keras_memwatch.CollectCycles()" in estimate.explanation
     assert gpu.cyclic == 0  # collected after the steps
 
 
