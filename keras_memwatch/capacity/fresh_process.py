@@ -39,8 +39,8 @@ TIMEOUT_S = 600  # one child: start, load, train
 #: tensors held by reference cycles, above the first steps': `collector`);
 #: the transformer trained 136 for two steps and failed there within 60.
 #: Nor are 60 for every job: 600 steps failed at the recommendations of the
-#: transformer (118) and the ResNet (178), where `cycles.CollectCycles`
-#: is the remedy (its docstring has the figures).
+#: transformer (118) and the ResNet (178); with a full collection every 50
+#: batches (`cycles.CollectCycles`) 133 and 199, above them, trained 600.
 JOB_STEPS = 15
 JOB_EPOCHS = 4
 JOB = f"{JOB_EPOCHS} epochs of {JOB_STEPS} steps"  # in words
