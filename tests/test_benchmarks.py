@@ -183,3 +183,16 @@ def test_verify_capacity_tiny_prints_the_table_and_writes_json(tmp_path):
     assert result["at_predicted"] in ("ran", "oom")
     assert 1 <= len(result["trials"]) <= 3
     assert all(t["result"] in ("ran", "oom") for t in result["trials"])
+
+
+def test_in_flight_says_it_needs_a_gpu_where_jax_gives_no_memory_statistics():
+    """The run-ahead count of issue 15 reads the device's memory in use; on
+    a CPU there is none to read, and it says so rather than print zeros."""
+    if os.environ.get("KERAS_BACKEND") != "jax":
+        pytest.skip("in_flight runs on JAX")
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.in_flight", "conv_tiny", "4", "--steps", "3"],
+        cwd=str(ROOT), capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode != 0
+    assert "gives no memory statistics; run it on a GPU" in proc.stderr

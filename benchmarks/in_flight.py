@@ -1,0 +1,90 @@
+"""How many batches a JAX `fit` holds on the GPU beyond XLA's plan (issue 15).
+
+Keras's JAX loop dispatches steps ahead of the device, and each step
+dispatched holds its batch on the device until it runs; the estimate counts
+`xla_plan.BATCHES_AHEAD` of them. This trains one epoch of `--steps` steps
+of one batch repeated, in this process, and reads the device memory in use
+at every batch end (on Keras's worker thread, so nothing waits for a step)
+less what was in use before: the training state aside, that is the batches
+dispatched and not yet run (and, at moments, a running step's temporaries).
+It prints the most batches seen above XLA's plan of the step, which is
+what the estimate must count, as JSON:
+
+    KERAS_BACKEND=jax python -m benchmarks.in_flight block 200 --steps 1000
+
+`--mode sync` waits for each step (a callback that reads the loss), for
+comparison. Run each model in a new process; on a GPU only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, Optional
+
+
+def in_flight(name: str, batch: int, steps: int, sync: bool) -> dict[str, Any]:
+    import jax
+    import keras
+
+    from benchmarks.verify_capacity import build, data, repeated
+    from keras_memwatch import xla_plan
+
+    device = jax.devices()[0]
+    if device.memory_stats() is None:
+        raise SystemExit(f"in_flight: {device.platform} gives no memory statistics; "
+                         "run it on a GPU")
+    model = build(name)
+    x, y = data(name, batch)
+    model.train_on_batch(x[:2], y[:2])  # the state, and the step compiled once
+    lowered, state_bytes, _ = xla_plan.lower_step(model, (x, y), batch)
+    plan = xla_plan.compiled_working_bytes(lowered, state_bytes, 0)
+    one = xla_plan.batch_bytes((x, y), batch)
+
+    class InUse(keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.async_safe = not sync
+            self.seen: list[int] = []
+
+        def on_train_batch_end(self, index: int, logs: Optional[dict] = None) -> None:
+            if sync:
+                float(logs["loss"])
+            self.seen.append(device.memory_stats()["bytes_in_use"])
+
+    watch = InUse()
+    before = device.memory_stats()["bytes_in_use"]
+    began = time.perf_counter()
+    model.fit(repeated(x, y, steps), epochs=1, verbose=0, callbacks=[watch])
+    jax.block_until_ready([v.value for v in model.trainable_variables])
+    seconds = time.perf_counter() - began
+    held = [round((b - before - plan) / one, 1) for b in watch.seen]
+    return {"model": name, "batch": batch, "steps": steps,
+            "mode": "sync" if sync else "async", "plan_bytes": plan,
+            "batch_bytes": one, "most_above_plan": max(held),
+            "most_above_plan_by_step": {n: max(held[:n]) for n in
+                                        (10, 100, 1000, 10000) if n <= len(held)},
+            "ms_per_step": round(1000 * seconds / steps, 2)}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", help="a model of benchmarks.verify_capacity")
+    parser.add_argument("batch", type=int)
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--mode", choices=("async", "sync"), default="async")
+    parser.add_argument("--limit-mb", type=float, default=10240,
+                        help="memory limit through configure_memory (default 10240)")
+    args = parser.parse_args(argv)
+    from keras_memwatch import configure_memory
+
+    configure_memory(memory_limit_mb=args.limit_mb)
+    print(json.dumps(in_flight(args.model, args.batch, args.steps,
+                               args.mode == "sync")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
