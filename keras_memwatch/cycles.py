@@ -1,17 +1,17 @@
 """A callback that frees what reference cycles hold, every few batches.
 
-Keras's PyTorch backend (3.15.1 and before) leaves each step's input batch,
-and some of its activations, in reference cycles (keras-team/keras#23110;
-`capacity.collector` says where they come from). Only Python's cyclic
-garbage collector frees them, at moments set by everything the process
-allocates, so device memory can pile up for many steps and a job dies at a
-size that trained its first epochs. On an H200 under a 6 GiB
-cap, in new processes training 2 epochs of 300 steps side by side, the
-transformer of `benchmarks/verify_capacity.py` ran out of memory at batch
-118, 129 and 133 and trained at 125; the ResNet ran out at 178, 186 and 199
-and trained at 192: all of them sizes that had trained 60 steps. With a
-full collection every 50 batches (this callback's loop, in a script of that
-run) 133 and 199 trained the 600 steps.
+Keras's PyTorch backend (3.15.1, the version measured) leaves each step's
+input batch, and some of its activations, in reference cycles
+(keras-team/keras#23110; `capacity.collector` says where they come from).
+Only Python's cyclic garbage collector frees them, at moments set by
+everything the process allocates, so device memory can pile up for many
+steps and a job dies at a size that trained its first epochs. On an H200
+under a 6 GiB cap, in new processes training 2 epochs of 300 steps side by
+side, the transformer of `benchmarks/verify_capacity.py` ran out of memory
+at batch 118, 129 and 133 and trained at 125; the ResNet ran out at 178,
+186 and 199 and trained at 192: all sizes that had trained 60 steps. With a
+full collection every 50 batches (this callback's loop, run from a script
+before the callback was written) 133 and 199 trained the 600 steps.
 """
 
 from __future__ import annotations
