@@ -29,8 +29,9 @@ def in_flight(name: str, batch: int, steps: int, sync: bool) -> dict[str, Any]:
     import jax
     import keras
 
-    from benchmarks.verify_capacity import build, data, repeated
+    from benchmarks.verify_capacity import build, data
     from keras_memwatch import xla_plan
+    from keras_memwatch.capacity.batches import repeated
 
     device = jax.devices()[0]
     if device.memory_stats() is None:

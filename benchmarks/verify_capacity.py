@@ -204,21 +204,6 @@ def data(name: str, n: int) -> tuple[Any, Any]:
     return base[index], labels[index]
 
 
-def repeated(x: Any, y: Any, steps: int) -> Any:
-    """A `keras.utils.PyDataset` of `steps` batches, each `(x, y)`: what a
-    job's device sees, for the host memory of one batch."""
-    import keras
-
-    class Repeated(keras.utils.PyDataset):
-        def __len__(self) -> int:
-            return steps
-
-        def __getitem__(self, index: int) -> Any:
-            return x, y
-
-    return Repeated()
-
-
 def fit_check_conv() -> tuple[Any, tuple[Any, Any]]:
     """`python -m keras_memwatch fit-check --model benchmarks.verify_capacity:fit_check_conv`"""
     return build("conv"), data("conv", 64)
@@ -276,6 +261,7 @@ def trial(name: str, batch: int, backend: str, watch_dir: Optional[str] = None,
 
     from keras_memwatch import CollectCycles
     from keras_memwatch.capacity import collector
+    from keras_memwatch.capacity.batches import repeated
     from keras_memwatch.oom import is_oom_error
 
     began = time.perf_counter()

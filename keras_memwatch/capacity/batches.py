@@ -70,3 +70,19 @@ class Batches:
 
         return (keras.tree.map_structure(take, self.x),
                 None if self.y is None else keras.tree.map_structure(take, self.y))
+
+
+def repeated(x: Any, y: Any, steps: int) -> Any:
+    """A `keras.utils.PyDataset` of `steps` batches, each `(x, y)` (or `x`
+    where `y` is None): a job's epoch as the device meets it, for the host
+    memory of one batch."""
+    import keras
+
+    class Repeated(keras.utils.PyDataset):
+        def __len__(self) -> int:
+            return steps
+
+        def __getitem__(self, index: int) -> Any:
+            return x if y is None else (x, y)
+
+    return Repeated()

@@ -27,7 +27,7 @@ import time
 from typing import Any, Callable, Optional
 
 from keras_memwatch.capacity import collector
-from keras_memwatch.capacity.batches import Batches
+from keras_memwatch.capacity.batches import Batches, repeated
 from keras_memwatch.capacity.result import Trial
 from keras_memwatch.units import MIB, format_bytes
 
@@ -207,7 +207,7 @@ def train_fresh(directory: str, size: int, limit_bytes: int) -> tuple[int, dict]
     # As a job would train: `fit`, epochs of many steps (one batch of the
     # sample repeated, so the host holds one), the garbage collector left
     # to run when it will.
-    steps = _repeated(*Batches(x, y).take(size))
+    steps = repeated(*Batches(x, y).take(size), JOB_STEPS)
     torch = None
     if keras.backend.backend() == "torch":
         import torch
@@ -229,20 +229,6 @@ def train_fresh(directory: str, size: int, limit_bytes: int) -> tuple[int, dict]
     return 0, {"allocated": int(torch.cuda.max_memory_allocated()),
                "reserved": int(torch.cuda.max_memory_reserved()),
                "cyclic": collector.freed_by_collection(torch.cuda.memory_allocated)}
-
-
-def _repeated(x: Any, y: Any) -> Any:
-    """A `keras.utils.PyDataset` of `JOB_STEPS` batches, each `(x, y)`."""
-    import keras
-
-    class Repeated(keras.utils.PyDataset):
-        def __len__(self) -> int:
-            return JOB_STEPS
-
-        def __getitem__(self, index: int) -> Any:
-            return x if y is None else (x, y)
-
-    return Repeated()
 
 
 def main(argv: Optional[list[str]] = None) -> int:
