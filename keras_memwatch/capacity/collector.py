@@ -32,8 +32,13 @@ from typing import Callable
 
 
 @contextlib.contextmanager
-def paused() -> Iterator[None]:
+def paused(collect: bool = True) -> Iterator[None]:
     """Collects garbage, then keeps the collector off until the block ends.
+
+    Args:
+        collect: whether to collect first; `False` where the caller has
+            just collected (`TorchCache.free`): a collection costs a
+            quarter of a second in a process holding a Keras model.
 
     Example:
 
@@ -44,7 +49,8 @@ def paused() -> Iterator[None]:
     ```
     """
     enabled = gc.isenabled()
-    gc.collect()
+    if collect:
+        gc.collect()
     gc.disable()
     try:
         yield

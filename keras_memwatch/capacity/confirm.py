@@ -197,7 +197,7 @@ class RealSteps:
         began = time.perf_counter()
         error = ""
         cyclic: Optional[int] = None
-        with collector.paused():
+        with collector.paused(collect=False):  # _free() collected
             try:
                 for _ in range(STEPS_PER_SIZE):
                     self.model.train_on_batch(batch[0], batch[1])

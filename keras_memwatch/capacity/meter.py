@@ -190,7 +190,7 @@ class Meter:
             self.cache.free()
             self.cache.reset_peaks()
         self._row()  # resets the peaks that can be reset
-        with collector.paused():
+        with collector.paused(collect=self.cache is None):  # free() collected
             for _ in range(STEPS_PER_SIZE if self.cache is not None else 1):
                 step()
             self._sync()
@@ -233,7 +233,7 @@ class Meter:
         assert self.baseline is not None and self.cache is not None
         self.cache.free()
         self.cache.reset_peaks()
-        with collector.paused():
+        with collector.paused(collect=False):  # free() collected
             for _ in range(STEPS_PER_SIZE):
                 step()
         self.last_reserved = max(self.cache.peaks()[1] - self.baseline, 0)

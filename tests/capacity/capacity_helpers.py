@@ -6,6 +6,7 @@ import ...`), which a second conftest module would shadow.
 
 from __future__ import annotations
 
+import gc
 import weakref
 
 import keras
@@ -149,6 +150,7 @@ class FakeCache:
 
     def free(self):
         self.calls.append("free")
+        gc.collect()  # as TorchCache.free does
         self.gpu.steps_since_free = 0
 
     def sync(self):

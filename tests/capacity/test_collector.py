@@ -35,6 +35,18 @@ def test_cycles_made_while_paused_live_until_a_collection():
     assert held() is None
 
 
+def test_a_caller_that_has_just_collected_can_skip_the_first_collection():
+    gc.disable()  # no automatic collection between the cycle and the block
+    try:
+        held = cycle()
+        with collector.paused(collect=False):
+            assert held() is not None
+    finally:
+        gc.enable()
+    gc.collect()
+    assert held() is None
+
+
 def test_a_collector_that_was_off_stays_off():
     gc.disable()
     try:
