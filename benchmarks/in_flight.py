@@ -25,7 +25,8 @@ import time
 from typing import Any, Optional
 
 
-def in_flight(name: str, batch: int, steps: int, sync: bool) -> dict[str, Any]:
+def in_flight(name: str, batch: int, steps: int, sync: bool,
+              series: bool = False) -> dict[str, Any]:
     import jax
     import keras
 
@@ -49,11 +50,13 @@ def in_flight(name: str, batch: int, steps: int, sync: bool) -> dict[str, Any]:
             super().__init__()
             self.async_safe = not sync
             self.seen: list[int] = []
+            self.times: list[float] = []
 
         def on_train_batch_end(self, index: int, logs: Optional[dict] = None) -> None:
             if sync:
                 float(logs["loss"])
             self.seen.append(device.memory_stats()["bytes_in_use"])
+            self.times.append(time.perf_counter())
 
     watch = InUse()
     before = device.memory_stats()["bytes_in_use"]
@@ -62,12 +65,25 @@ def in_flight(name: str, batch: int, steps: int, sync: bool) -> dict[str, Any]:
     jax.block_until_ready([v.value for v in model.trainable_variables])
     seconds = time.perf_counter() - began
     held = [round((b - before - plan) / one, 1) for b in watch.seen]
-    return {"model": name, "batch": batch, "steps": steps,
-            "mode": "sync" if sync else "async", "plan_bytes": plan,
-            "batch_bytes": one, "most_above_plan": max(held),
-            "most_above_plan_by_step": {n: max(held[:n]) for n in
-                                        (10, 100, 1000, 10000) if n <= len(held)},
-            "ms_per_step": round(1000 * seconds / steps, 2)}
+    gaps = [1000 * (b - a) for a, b in zip(watch.times, watch.times[1:])]
+    result = {"model": name, "batch": batch, "steps": steps,
+              "mode": "sync" if sync else "async", "plan_bytes": plan,
+              "batch_bytes": one, "most_above_plan": max(held),
+              "most_above_plan_by_step": {n: max(held[:n]) for n in
+                                          (10, 100, 1000, 10000) if n <= len(held)},
+              "ms_per_step": round(1000 * seconds / steps, 2),
+              # while the run-ahead builds, batch ends come as fast as the host
+              # dispatches; once it stops growing, as fast as the device runs
+              "ms_between_batch_ends": {"first_20": _median(gaps[:20]),
+                                        "last_100": _median(gaps[-100:])}}
+    if series:
+        result["held_by_step"] = held
+        result["ms_gaps"] = [round(g, 2) for g in gaps]
+    return result
+
+
+def _median(values: list[float]) -> Optional[float]:
+    return round(sorted(values)[len(values) // 2], 2) if values else None
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -78,12 +94,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--mode", choices=("async", "sync"), default="async")
     parser.add_argument("--limit-mb", type=float, default=10240,
                         help="memory limit through configure_memory (default 10240)")
+    parser.add_argument("--series", action="store_true",
+                        help="print the batches held and the gaps at every batch end")
     args = parser.parse_args(argv)
     from keras_memwatch import configure_memory
 
     configure_memory(memory_limit_mb=args.limit_mb)
     print(json.dumps(in_flight(args.model, args.batch, args.steps,
-                               args.mode == "sync")))
+                               args.mode == "sync", args.series)))
     return 0
 
 
