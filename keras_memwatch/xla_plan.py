@@ -46,9 +46,14 @@ def jitted_step(function: Any) -> Optional[Any]:
 
 
 def jitted_train_step(model: Any) -> Any:
-    """The jitted train step Keras runs, else an equal one (same cache)."""
+    """The jitted train step `fit` runs (made as `fit` makes it, where the
+    model has none yet), else an equal one: a step compiled through it is
+    in JAX's cache when `fit` runs at that size."""
     import jax
 
+    if getattr(model, "train_function", None) is None and hasattr(
+            model, "make_train_function"):
+        model.make_train_function()
     found = jitted_step(getattr(model, "train_function", None))
     return found if found is not None else jax.jit(model.train_step, donate_argnums=0)
 
@@ -76,8 +81,12 @@ def device_bytes(array: Any) -> int:
     return math.prod(shape) * array.dtype.itemsize
 
 
-def batch_spec(batch: tuple[Any, Any], size: int) -> tuple[Any, Any, None]:
-    """`(x, y, None)` as shapes and dtypes only, with `size` samples."""
+def batch_spec(batch: tuple[Any, Any], size: int) -> tuple[Any, ...]:
+    """The batch as `fit` passes it to the train step, `(x, y)` or `(x,)`
+    (as Keras packs arrays without sample weights), in shapes and dtypes
+    only, with `size` samples. Packed any other way (`(x, y, None)`), the
+    step lowered here is another program to JAX, and `fit` compiles it
+    again (seconds on a GPU)."""
     import jax
     import keras
 
@@ -86,8 +95,8 @@ def batch_spec(batch: tuple[Any, Any], size: int) -> tuple[Any, Any, None]:
             (size,) + tuple(a.shape[1:]), a.dtype)
 
     x, y = batch
-    return (keras.tree.map_structure(spec, x),
-            None if y is None else keras.tree.map_structure(spec, y), None)
+    x = keras.tree.map_structure(spec, x)
+    return (x,) if y is None else (x, keras.tree.map_structure(spec, y))
 
 
 def batch_bytes(batch: tuple[Any, Any], size: int) -> int:
@@ -110,12 +119,13 @@ def training_state(model: Any) -> tuple[list, list, list, list]:
     )
 
 
-def lower_step(model: Any, batch: tuple[Any, Any], size: int) -> tuple[Any, int, int]:
+def lower_step(model: Any, batch: tuple[Any, Any], size: int,
+               batches_ahead: int = BATCHES_AHEAD) -> tuple[Any, int, int]:
     """The train step on `size` samples, traced and lowered, not compiled.
 
     Returns:
         `(lowered, state_bytes, ahead_bytes)`: the lowered step, the bytes
-        of the training state, and the `BATCHES_AHEAD` batches a `fit`
+        of the training state, and the `batches_ahead` batches a `fit`
         holds ahead of it on an accelerator (see `working_bytes`).
     """
     import jax
@@ -125,7 +135,7 @@ def lower_step(model: Any, batch: tuple[Any, Any], size: int) -> tuple[Any, int,
     state_bytes = sum(int(leaf.nbytes) for leaf in jax.tree_util.tree_leaves(state))
     # Keras's JAX trainer sends batches ahead only to an accelerator.
     ahead = (0 if jax.default_backend() == "cpu"
-             else BATCHES_AHEAD * batch_bytes(batch, size))
+             else batches_ahead * batch_bytes(batch, size))
     return lowered, state_bytes, ahead
 
 

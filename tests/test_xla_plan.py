@@ -105,3 +105,46 @@ def test_on_an_accelerator_the_batches_a_fit_holds_ahead_count(monkeypatch):
     _, state_bytes, ahead = xla_plan.lower_step(model, (x, y), 10)
     assert state_bytes == on_cpu[1]
     assert ahead == xla_plan.BATCHES_AHEAD * 10 * (6 + 2) * 4
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="XLA's plan of Keras's JAX train step")
+@pytest.mark.parametrize("targets", [True, False])
+def test_a_size_planned_is_the_program_fit_runs_so_fit_compiles_no_step_again(
+        caplog, targets):
+    """The estimate compiles the step at its answer so that `fit` there finds
+    it in JAX's cache (on a GPU a compilation takes seconds): the plan's
+    step must be `fit`'s own jitted function, given the batch packed as
+    Keras packs it, on a model `fit` has not run yet."""
+    import logging
+
+    import jax
+
+    from keras_memwatch.capacity.batches import repeated
+
+    class Unsupervised(keras.Sequential):  # a loss without targets
+        def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None,
+                         training=True):
+            return keras.ops.mean(y_pred ** 2)
+
+    model = (keras.Sequential if targets else Unsupervised)(
+        [keras.Input((6,)), keras.layers.Dense(2)])
+    model.compile(optimizer="adam", loss="mse" if targets else None)
+    model.optimizer.build(model.trainable_variables)
+    x = np.ones((1, 6), "float32")
+    y = np.ones((1, 2), "float32") if targets else None
+    xla_plan.working_bytes(model, (x, y), 12)
+
+    def epoch(size):
+        return repeated(np.repeat(x, size, axis=0),
+                        None if y is None else np.repeat(y, size, axis=0), 3)
+
+    jax.config.update("jax_log_compiles", True)
+    try:
+        with caplog.at_level(logging.WARNING):
+            model.fit(epoch(12), epochs=1, verbose=0)
+            model.fit(epoch(13), epochs=1, verbose=0)  # a size not planned
+    finally:
+        jax.config.update("jax_log_compiles", False)
+    steps = [r.getMessage() for r in caplog.records
+             if "Compiling" in r.getMessage() and "train_step" in r.getMessage()]
+    assert len(steps) == 1 and "[13," in steps[0]

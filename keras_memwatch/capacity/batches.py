@@ -73,9 +73,9 @@ class Batches:
 
 
 def repeated(x: Any, y: Any, steps: int) -> Any:
-    """A `keras.utils.PyDataset` of `steps` batches, each `(x, y)` (or `x`
-    where `y` is None): a job's epoch as the device meets it, for the host
-    memory of one batch."""
+    """A `keras.utils.PyDataset` of `steps` batches, each `(x, y)` (or `(x,)`
+    where `y` is None, as Keras packs arrays): a job's epoch as the device
+    meets it, for the host memory of one batch."""
     import keras
 
     class Repeated(keras.utils.PyDataset):
@@ -83,6 +83,6 @@ def repeated(x: Any, y: Any, steps: int) -> Any:
             return steps
 
         def __getitem__(self, index: int) -> Any:
-            return x if y is None else (x, y)
+            return (x,) if y is None else (x, y)
 
     return Repeated()

@@ -14,7 +14,7 @@ def test_an_epoch_is_the_same_batch_steps_times():
     assert all(epoch[i][0] is x and epoch[i][1] is y for i in range(5))
 
 
-def test_without_targets_each_step_is_the_inputs_alone():
+def test_without_targets_each_step_is_the_inputs_alone_packed_as_keras_packs_them():
     x = np.ones((4, 3), "float32")
     epoch = repeated(x, None, steps=2)
-    assert epoch[0] is x and epoch[1] is x
+    assert epoch[0] == (x,) and epoch[1][0] is x
