@@ -18,10 +18,12 @@ How a step's working memory is measured, per device (`method="auto"`):
   (see `keras_memwatch.xla_plan`): arguments + outputs - donated +
   temporaries, less the training state, which is already in memory, plus
   the batches a `fit` holds on the device ahead of the running step
-  (`xla_plan.BATCHES_AHEAD`: Keras sends the next one ahead and its loop
-  dispatches steps ahead of the device). JAX's allocator has no peak that
-  can be reset (its peak is a high-water mark for the life of the
-  process), so the plan is the figure here: a step's exactly, a long
+  (Keras sends the next one ahead and its loop dispatches steps ahead of
+  the device). Where they are a part of the answer that matters, the
+  estimate trains some steps at its answer and counts them (`run_ahead`);
+  elsewhere it counts `xla_plan.BATCHES_AHEAD`. JAX's allocator has no
+  peak that can be reset (its peak is a high-water mark for the life of
+  the process), so the plan is the figure here: a step's exactly, a long
   job's up to the batches ahead.
   The line's answer is then checked by compiling (not running) the step
   at the sizes around it, and the ceiling is searched for the same way:

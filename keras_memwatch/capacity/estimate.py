@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
 from keras_memwatch import options
-from keras_memwatch.capacity import xla_compile
+from keras_memwatch.capacity import run_ahead, xla_compile
 from keras_memwatch.capacity.batches import Batches
 from keras_memwatch.capacity.confirm import confirm_by_training
 from keras_memwatch.capacity.fit import LinearFit, fit_linear, predict_batch_size
@@ -136,7 +136,13 @@ def estimate_max_batch_size(
     finally:
         _put_back(state, meter)
     if meter.method == "xla" and estimate.predicted_batch_size is not None:
-        estimate = check_compiled(estimate, model, data.take(1), say)
+        planner = xla_compile.Planner(model, data.take(1), say)
+
+        def check(line: CapacityEstimate) -> CapacityEstimate:
+            return check_compiled(line, model, data.take(1), say, planner)
+
+        estimate = run_ahead.recheck(estimate, check(estimate), model, data, planner,
+                                     check, say)
     estimate = dataclasses.replace(
         estimate, seconds=round(time.perf_counter() - began, 2))
     logger.info("%s", estimate.explanation)

@@ -143,6 +143,9 @@ class CapacityEstimate:
         alternatives: other methods' answers for the same step (JAX on the
             CPU: XLA's plan beside the host's RSS), with why this one was
             kept.
+        batches_ahead: JAX on an accelerator: the batches a `fit` holds
+            ahead of its step that the plans count (see
+            `keras_memwatch.capacity.run_ahead`).
         seconds: how long the estimate took.
     """
 
@@ -175,6 +178,7 @@ class CapacityEstimate:
     allocator_settings: str = ""
     expandable_batch_size: Optional[int] = None
     alternatives: tuple[Alternative, ...] = ()
+    batches_ahead: Optional[int] = None
     seconds: float = 0.0
 
     def batch_size_for(self, headroom: float) -> Optional[int]:

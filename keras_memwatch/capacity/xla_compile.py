@@ -82,11 +82,19 @@ class Planner:
         self._tracing = threading.Lock()
         self.began = time.perf_counter()
         self.aim_options: Optional[dict[str, Any]] = None
+        self.accelerator = False
         try:
-            if _on_accelerator():
-                self.aim_options = dict(AIM_OPTIONS)
+            self.accelerator = _on_accelerator()
         except Exception:
             pass
+        if self.accelerator:
+            self.aim_options = dict(AIM_OPTIONS)
+        #: The batches a `fit` holds ahead of the step, counted on an
+        #: accelerator (see `xla_plan.BATCHES_AHEAD`, `capacity.run_ahead`).
+        self.batches_ahead = xla_plan.BATCHES_AHEAD
+        # (size, aimed) -> the plan less the state, or the exception: a
+        # second search (another count ahead) compiles only new sizes.
+        self._compiled: dict[tuple[int, bool], Any] = {}
 
     def plans(self, sizes: Sequence[int], aim: bool = False) -> dict[int, Any]:
         """The working bytes of the step at each size (or the exception).
@@ -103,15 +111,16 @@ class Planner:
         out: dict[int, Any] = {}
         lowered: dict[int, tuple[Any, int, int]] = {}
         jobs: dict[int, concurrent.futures.Future] = {}
+        new = [b for b in set(sizes) if (b, options is not None) not in self._compiled]
         # Each size compiles as soon as it is lowered, largest first: it
         # takes longest (lowering a transformer's step took 0.2-0.35 s).
         with concurrent.futures.ThreadPoolExecutor(
-                max(1, min(self.parallel, len(sizes)))) as pool:
-            for size in sorted(set(sizes), reverse=True):
+                max(1, min(self.parallel, len(new) or 1))) as pool:
+            for size in sorted(new, reverse=True):
                 with self._tracing:  # tracing runs Keras's Python: one at a time
                     try:
                         lowered[size] = xla_plan.lower_step(self.model, self.sample,
-                                                            size)
+                                                            size, batches_ahead=0)
                     except Exception as e:
                         out[size] = e
                         continue
@@ -128,8 +137,26 @@ class Planner:
                 self.aim_options = options = None
                 result = self._compile(lowered[size], None)
             out[size] = result
-            self._count(size, result, aim and options is not None)
-        return {b: out[b] for b in sizes}
+            self._count(size, result if isinstance(result, Exception)
+                        else result + self.ahead(size), aim and options is not None)
+            if not isinstance(result, Exception) or is_oom_error(result):
+                self._compiled[size, options is not None] = result
+        for size in sizes:
+            out.setdefault(size, self._compiled.get((size, options is not None)))
+        return {b: out[b] if isinstance(out[b], Exception) else out[b] + self.ahead(b)
+                for b in sizes}
+
+    def ahead(self, size: int) -> int:
+        """Bytes of the batches a `fit` holds ahead of a step of `size`."""
+        return (self.batches_ahead * xla_plan.batch_bytes(self.sample, size)
+                if self.accelerator else 0)
+
+    def plan(self, size: int) -> Any:
+        """The plan of `size` as `fit` compiles it, less the state and the
+        batches ahead (compiled unless a search has), or the exception."""
+        if (size, False) not in self._compiled:
+            self.plans([size])
+        return self._compiled.get((size, False))
 
     def _compile(self, lowered: tuple[Any, int, int],
                  options: Optional[dict[str, Any]]) -> Any:

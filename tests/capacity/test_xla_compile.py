@@ -278,7 +278,7 @@ def test_each_size_compiles_as_soon_as_it_is_lowered_the_largest_first(monkeypat
 
     events = []
 
-    def lower_step(model, sample, size):
+    def lower_step(model, sample, size, batches_ahead=16):
         time.sleep(0.05)
         events.append(("lowered", size))
         return size, 0, 0
@@ -294,6 +294,40 @@ def test_each_size_compiles_as_soon_as_it_is_lowered_the_largest_first(monkeypat
     assert planner.plans([8, 32, 16]) == {8: 8 * MIB, 32: 32 * MIB, 16: 16 * MIB}
     assert events[0] == ("lowered", 32)
     assert events.index(("compiling", 32)) < events.index(("lowered", 8))
+
+
+def test_a_second_search_compiles_only_new_sizes_and_counts_the_batches_ahead_anew(
+        monkeypatch):
+    """After the run-ahead is measured the plans are searched again with
+    another count of batches ahead: the sizes compiled already are not
+    compiled again, and every plan carries the new count."""
+    import numpy as np
+
+    from keras_memwatch import xla_plan
+    from keras_memwatch.capacity.xla_compile import Planner
+
+    compiled = []
+
+    def lower_step(model, sample, size, batches_ahead=16):
+        assert batches_ahead == 0  # the planner adds its own count
+        return size, 0, 0
+
+    def compiled_working_bytes(size, state_bytes, ahead, options=None):
+        compiled.append(size)
+        return size * MIB
+
+    monkeypatch.setattr(xla_plan, "lower_step", lower_step)
+    monkeypatch.setattr(xla_plan, "compiled_working_bytes", compiled_working_bytes)
+    sample = (np.zeros((1, 1024), "float32"), np.zeros((1,), "int32"))  # 4 KiB + 4
+    planner = Planner(None, sample, lambda s: None, parallel=2)
+    planner.accelerator = True
+    assert planner.plans([8, 16]) == {8: 8 * MIB + 16 * 8 * 4100,
+                                      16: 16 * MIB + 16 * 16 * 4100}
+    planner.batches_ahead = 4
+    assert planner.plans([16, 32]) == {16: 16 * MIB + 4 * 16 * 4100,
+                                       32: 32 * MIB + 4 * 32 * 4100}
+    assert planner.plan(8) == 8 * MIB  # as fit compiles it, nothing ahead
+    assert compiled == [16, 8, 32]
 
 
 def test_one_plan_aims_without_autotuning_where_xla_takes_the_option(monkeypatch):
