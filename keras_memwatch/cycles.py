@@ -9,9 +9,10 @@ steps and a job dies at a size that trained its first epochs. On an H200
 under a 6 GiB cap, in new processes training 2 epochs of 300 steps side by
 side, the transformer of `benchmarks/verify_capacity.py` ran out of memory
 at batch 118, 129 and 133 and trained at 125; the ResNet ran out at 178,
-186 and 199 and trained at 192: all sizes that had trained 60 steps. With a
-full collection every 50 batches (this callback's loop, run from a script
-before the callback was written) 133 and 199 trained the 600 steps.
+186 and 199 and trained at 192: all sizes that had trained 60 steps. With
+this callback (`--trial-collect-every 50`), 118 and 133, 178 and 199 trained
+the 600 steps, while 118 and 178 without it failed again beside them; its
+12 collections took 3.2-3.3 s, 1.7-2.6% of each job.
 """
 
 from __future__ import annotations

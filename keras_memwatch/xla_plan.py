@@ -28,7 +28,8 @@ from typing import Any, Callable, Optional
 #: (a convnet at 731) and 8 (a ResNet at 515), 1 with a callback that waits
 #: for each step. With 16, the answers without headroom of three models
 #: trained jobs of 600-1,000 steps, and four were 0 to 7.1% under the
-#: largest batch that trained 150.
+#: largest batch that trained 150. The estimate counts this many where a
+#: short run cannot bound the count (`capacity.run_ahead`).
 BATCHES_AHEAD = 16
 
 
