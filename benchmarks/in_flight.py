@@ -2,18 +2,20 @@
 
 Keras's JAX loop dispatches steps ahead of the device, and each step
 dispatched holds its batch on the device until it runs; the estimate counts
-`xla_plan.BATCHES_AHEAD` of them. This trains one epoch of `--steps` steps
+them (`keras_memwatch.capacity.run_ahead`). This trains one epoch of `--steps` steps
 of one batch repeated, in this process, and reads the device memory in use
 at every batch end (on Keras's worker thread, so nothing waits for a step)
-less what was in use before: the training state aside, that is the batches
-dispatched and not yet run (and, at moments, a running step's temporaries).
+less what was in use before and the plan: the batches dispatched and not
+yet run (far below zero where the device was between steps, its
+temporaries freed).
 It prints the most batches seen above XLA's plan of the step, which is
 what the estimate must count, as JSON:
 
     KERAS_BACKEND=jax python -m benchmarks.in_flight block 200 --steps 1000
 
 `--mode sync` waits for each step (a callback that reads the loss), for
-comparison. Run each model in a new process; on a GPU only.
+comparison; `--series` adds the count and the gap at every batch end. Run
+each model in a new process; on a GPU only.
 """
 
 from __future__ import annotations
