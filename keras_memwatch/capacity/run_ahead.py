@@ -149,8 +149,8 @@ def recheck(line: CapacityEstimate, checked: CapacityEstimate, model: Any,
             f"ahead of its step in {len(held)} steps")
     if count is None:
         return dataclasses.replace(
-            checked, explanation=f"{checked.explanation} {seen}, in bursts, so the "
-            f"plans count {assumed}, the most seen in long runs.")
+            checked, explanation=f"{checked.explanation} {seen}, in bursts, which a "
+            f"short run cannot bound, so the plans count {assumed}.")
     if count == assumed:
         return dataclasses.replace(
             checked, explanation=f"{checked.explanation} {seen}, as the plans count.")
