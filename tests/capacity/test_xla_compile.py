@@ -354,6 +354,8 @@ def test_one_plan_aims_without_autotuning_where_xla_takes_the_option(monkeypatch
 
 @pytest.mark.skipif(BACKEND != "jax", reason="XLA's plan of Keras's JAX train step")
 def test_a_size_the_planner_compiled_as_fit_does_trains_without_compiling_again(caplog):
+    """`fit` on arrays packs the batch as `(x, y)`, as the plans do
+    (`train_on_batch` packs `(x, y, None)`: another program to JAX)."""
     import jax
     import keras
     import numpy as np
@@ -369,7 +371,7 @@ def test_a_size_the_planner_compiled_as_fit_does_trains_without_compiling_again(
     jax.config.update("jax_log_compiles", True)
     try:
         with caplog.at_level("WARNING", logger="jax"):
-            model.train_on_batch(x[:37], y[:37])
+            model.fit(x[:37], y[:37], batch_size=37, epochs=2, verbose=0)
     finally:
         jax.config.update("jax_log_compiles", False)
     compiled = [r for r in caplog.records
