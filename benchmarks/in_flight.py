@@ -35,6 +35,7 @@ def in_flight(name: str, batch: int, steps: int, sync: bool,
     from benchmarks.verify_capacity import build, data
     from keras_memwatch import xla_plan
     from keras_memwatch.capacity.batches import repeated
+    from keras_memwatch.capacity.run_ahead import batches_held
 
     device = jax.devices()[0]
     if device.memory_stats() is None:
@@ -66,7 +67,7 @@ def in_flight(name: str, batch: int, steps: int, sync: bool,
     model.fit(repeated(x, y, steps), epochs=1, verbose=0, callbacks=[watch])
     jax.block_until_ready([v.value for v in model.trainable_variables])
     seconds = time.perf_counter() - began
-    held = [round((b - before - plan) / one, 1) for b in watch.seen]
+    held = [round(h, 1) for h in batches_held(watch.seen, before, plan, one)]
     gaps = [1000 * (b - a) for a, b in zip(watch.times, watch.times[1:])]
     result = {"model": name, "batch": batch, "steps": steps,
               "mode": "sync" if sync else "async", "plan_bytes": plan,

@@ -139,7 +139,7 @@ def estimate_max_batch_size(
         planner = xla_compile.Planner(model, data.take(1), say)
 
         def check(line: CapacityEstimate) -> CapacityEstimate:
-            return check_compiled(line, model, data.take(1), say, planner)
+            return check_compiled(line, model, planner.sample, say, planner)
 
         estimate = run_ahead.recheck(estimate, check(estimate), model, data, planner,
                                      check, say)

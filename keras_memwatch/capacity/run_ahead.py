@@ -30,6 +30,7 @@ from keras_memwatch import xla_plan
 from keras_memwatch.capacity.batches import Batches, repeated
 from keras_memwatch.capacity.model_state import ModelState
 from keras_memwatch.capacity.result import CapacityEstimate
+from keras_memwatch.devices import gpu_index
 
 logger = logging.getLogger("keras_memwatch")
 
@@ -135,8 +136,7 @@ def recheck(line: CapacityEstimate, checked: CapacityEstimate, model: Any,
     progress(f"estimate_max_batch_size: training {STEPS} steps at batch {size} to "
              "count the batches a fit holds ahead of the step")
     try:
-        index = int(checked.device.split(":")[1]) if ":" in checked.device else 0
-        held = measure(model, data, size, plan, index)
+        held = measure(model, data, size, plan, gpu_index(checked.device, "device"))
     except Exception as e:
         logger.warning("estimate_max_batch_size: the steps that count the batches "
                        "ahead failed (%r); the plans count %d", e, assumed)

@@ -115,7 +115,7 @@ class Planner:
         # Each size compiles as soon as it is lowered, largest first: it
         # takes longest (lowering a transformer's step took 0.2-0.35 s).
         with concurrent.futures.ThreadPoolExecutor(
-                max(1, min(self.parallel, len(new) or 1))) as pool:
+                max(1, min(self.parallel, len(new)))) as pool:
             for size in sorted(new, reverse=True):
                 with self._tracing:  # tracing runs Keras's Python: one at a time
                     try:
