@@ -108,10 +108,11 @@ class Planner:
             its exception (an out-of-memory one is retried alone first).
         """
         options = self.aim_options if aim else None
+        aimed = options is not None  # the cache's key, should XLA refuse them
         out: dict[int, Any] = {}
         lowered: dict[int, tuple[Any, int, int]] = {}
         jobs: dict[int, concurrent.futures.Future] = {}
-        new = [b for b in set(sizes) if (b, options is not None) not in self._compiled]
+        new = [b for b in set(sizes) if (b, aimed) not in self._compiled]
         # Each size compiles as soon as it is lowered, largest first: it
         # takes longest (lowering a transformer's step took 0.2-0.35 s).
         with concurrent.futures.ThreadPoolExecutor(
@@ -142,7 +143,7 @@ class Planner:
             if not isinstance(result, Exception) or is_oom_error(result):
                 self._compiled[size, options is not None] = result
         for size in sizes:
-            out.setdefault(size, self._compiled.get((size, options is not None)))
+            out.setdefault(size, self._compiled.get((size, aimed)))
         return {b: out[b] if isinstance(out[b], Exception) else out[b] + self.ahead(b)
                 for b in sizes}
 

@@ -330,6 +330,35 @@ def test_a_second_search_compiles_only_new_sizes_and_counts_the_batches_ahead_an
     assert compiled == [16, 8, 32]
 
 
+def test_where_xla_refuses_the_aiming_options_a_round_still_returns_every_plan(
+        monkeypatch):
+    """A compilation that fails with the aiming options is compiled as fit
+    does, and later ones are too; the round still returns the aimed plans of
+    the sizes compiled before it."""
+    import numpy as np
+
+    from keras_memwatch import xla_plan
+    from keras_memwatch.capacity.xla_compile import Planner
+
+    def lower_step(model, sample, size, batches_ahead=16):
+        return size, 0, 0
+
+    def compiled_working_bytes(size, state_bytes, ahead, options=None):
+        if options and size == 16:
+            raise ValueError("Unknown flag in XLA_FLAGS: --xla_gpu_autotune_level")
+        return size * MIB + (0 if options else 1)
+
+    monkeypatch.setattr(xla_plan, "lower_step", lower_step)
+    monkeypatch.setattr(xla_plan, "compiled_working_bytes", compiled_working_bytes)
+    planner = Planner(None, (np.zeros((1, 4), "float32"), None), lambda s: None,
+                      parallel=2)
+    planner.aim_options = {"xla_gpu_autotune_level": 0}
+    assert planner.plans([8], aim=True) == {8: 8 * MIB}
+    assert planner.plans([8, 16], aim=True) == {8: 8 * MIB, 16: 16 * MIB + 1}
+    assert planner.aim_options is None
+    assert planner.plans([32], aim=True) == {32: 32 * MIB + 1}
+
+
 def test_one_plan_aims_without_autotuning_where_xla_takes_the_option(monkeypatch):
     from keras_memwatch import xla_plan
     from keras_memwatch.capacity import xla_compile
