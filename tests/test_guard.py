@@ -360,3 +360,31 @@ def test_gpu_out_of_memory_under_a_configured_limit(tmp_path):
     assert result["same"] and len(result["paths"]) == 2
     text = (tmp_path / "mem.oom.txt").read_text()
     assert "requested: " in text and "GPU:0" in text
+
+
+def test_the_report_shows_what_the_allocator_reserved_but_did_not_hand_out(
+        tmp_path, fake_probe_cls):
+    """An out-of-memory error with free-looking memory: the report shows the
+    allocator's reserve beside what it allocated, at the failure and in the
+    last samples."""
+    from keras_memwatch import columns as C
+
+    mib = 2**20
+
+    class Reserving(fake_probe_cls):
+        columns = fake_probe_cls.columns + (C.ALLOCATOR_RESERVED,)
+
+        def read(self):
+            ((current, peak, limit),) = super().read()
+            return ((current, peak, limit, current + 1536 * mib),)
+
+    probe = Reserving([(6000 * mib, 6100 * mib)], limit=8192 * mib)
+    watch = MemWatch(probes=[probe], log_path=tmp_path / "mem.csv", verbose=0)
+    with pytest.raises(type(framework_oom())):
+        with oom_guard(watch):
+            tiny_fit(watch, framework_oom(), at=2)
+    text = open(tmp_path / "mem.oom.txt").read()
+    assert ("  GPU:0: in use 5.86 GiB, peak since the last sample 5.96 GiB, "
+            "limit 8.00 GiB, reserved but unallocated 1.50 GiB") in text
+    table = text.split("Last 20 samples:", 1)[1]
+    assert "reserved but unallocated MiB" in table and "1536.0" in table
