@@ -108,7 +108,7 @@ class Planner:
             its exception (an out-of-memory one is retried alone first).
         """
         options = self.aim_options if aim else None
-        aimed = options is not None  # the cache's key, should XLA refuse them
+        aimed = options is not None  # the cache's key for this round
         out: dict[int, Any] = {}
         lowered: dict[int, tuple[Any, int, int]] = {}
         jobs: dict[int, concurrent.futures.Future] = {}
@@ -127,21 +127,22 @@ class Planner:
                         continue
                 jobs[size] = pool.submit(self._compile, lowered[size], options)
         for size in dict.fromkeys(b for b in sizes if b in jobs):
-            result = jobs[size].result()
+            result, used = jobs[size].result(), aimed  # compiled with `used` options
             if isinstance(result, Exception) and is_oom_error(result) and len(jobs) > 1:
                 # Autotuning side by side can exhaust the device: alone again.
-                result = self._compile(lowered[size], options)
-            if (isinstance(result, Exception) and aim and options is not None
-                    and not is_oom_error(result)):
+                used = self.aim_options is not None and aimed
+                result = self._compile(lowered[size],
+                                       self.aim_options if used else None)
+            if isinstance(result, Exception) and used and not is_oom_error(result):
                 logger.info("estimate_max_batch_size: compiling with %s failed "
                             "(%r); compiling as fit does from now on", options, result)
-                self.aim_options = options = None
+                self.aim_options, used = None, False
                 result = self._compile(lowered[size], None)
             out[size] = result
             self._count(size, result if isinstance(result, Exception)
-                        else result + self.ahead(size), aim and options is not None)
+                        else result + self.ahead(size), used)
             if not isinstance(result, Exception) or is_oom_error(result):
-                self._compiled[size, options is not None] = result
+                self._compiled[size, used] = result
         for size in sizes:
             out.setdefault(size, self._compiled.get((size, aimed)))
         return {b: out[b] if isinstance(out[b], Exception) else out[b] + self.ahead(b)

@@ -357,6 +357,13 @@ def test_where_xla_refuses_the_aiming_options_a_round_still_returns_every_plan(
     assert planner.plans([8, 16], aim=True) == {8: 8 * MIB, 16: 16 * MIB + 1}
     assert planner.aim_options is None
     assert planner.plans([32], aim=True) == {32: 32 * MIB + 1}
+    # In one round: 64 was compiled with the options before 16 failed, so its
+    # plan is an aimed one, never taken for fit's.
+    planner = Planner(None, (np.zeros((1, 4), "float32"), None), lambda s: None,
+                      parallel=2)
+    planner.aim_options = {"xla_gpu_autotune_level": 0}
+    assert planner.plans([16, 64], aim=True) == {16: 16 * MIB + 1, 64: 64 * MIB}
+    assert planner.plan(64) == 64 * MIB + 1 and planner.plan(16) == 16 * MIB + 1
 
 
 def test_one_plan_aims_without_autotuning_where_xla_takes_the_option(monkeypatch):
