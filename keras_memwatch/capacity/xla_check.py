@@ -123,8 +123,7 @@ def check_compiled(estimate: CapacityEstimate, model: Any, sample: tuple[Any, An
                     _ratio(answer.lo, aimed, dict(need)))
                 answer = answering.result()
             need.update(tuned)
-            if ceiling.lo is None:  # the answer's plans fit, at least
-                ceiling.update(need)
+            ceiling.admit(need)  # the answer's may be the largest that fits
         else:
             xla_compile.search([answer, ceiling], planner.plans, need,
                                2 * MAX_CHECKS, planner.parallel)

@@ -237,6 +237,14 @@ class Target:
                    and (self.hi is None or b < self.hi)]
         self.lo = max(fitting) if fitting else None
 
+    def admit(self, need: dict[int, float]) -> None:
+        """Raises `lo` to the largest size in `need` that fits below `hi`
+        (plans another search compiled), keeping `hi`."""
+        fitting = [b for b, n in need.items()
+                   if n <= self.free and (self.hi is None or b < self.hi)]
+        if fitting and (self.lo is None or max(fitting) > self.lo):
+            self.lo = max(fitting)
+
     need: dict[int, float] = {}
 
     @property

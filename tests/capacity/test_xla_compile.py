@@ -256,6 +256,17 @@ def test_a_linear_target_is_settled_by_interpolation():
     assert made <= 4
 
 
+def test_a_ceiling_admits_a_larger_size_that_another_search_found_fitting():
+    # The ceiling's own search walked down to 1207 where the answer's plan
+    # of 1212 fitted the whole limit: 1212 is the ceiling, below the same top.
+    target = Target(free=100.0, start=1896)
+    target.update({1896: 120.0, 1224: 101.0, 1207: 99.0})
+    target.admit({1212: 99.5, 1153: 95.0, 1300: 99.0})
+    assert (target.lo, target.hi) == (1212, 1224)
+    target.admit({1100: 90.0})
+    assert target.lo == 1212
+
+
 def test_a_closed_bracket_of_small_sizes_closes_in_one_more_round():
     # gpt on an H200 under 4 GiB: sizes two apart left the ceiling's bracket
     # open at 60-62 (3% of 62 is under 2), and a third round cost 7 s.
