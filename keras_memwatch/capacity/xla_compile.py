@@ -233,17 +233,20 @@ class Target:
         self.need = need
         failing = [b for b, n in need.items() if n > self.free]
         self.hi = min(failing) if failing else None
-        fitting = [b for b, n in need.items() if n <= self.free and b >= self.floor
-                   and (self.hi is None or b < self.hi)]
-        self.lo = max(fitting) if fitting else None
+        self.lo = self._largest_fitting(need)
 
     def admit(self, need: dict[int, float]) -> None:
         """Raises `lo` to the largest size in `need` that fits below `hi`
         (plans another search compiled), keeping `hi`."""
-        fitting = [b for b, n in need.items()
-                   if n <= self.free and (self.hi is None or b < self.hi)]
-        if fitting and (self.lo is None or max(fitting) > self.lo):
-            self.lo = max(fitting)
+        best = self._largest_fitting(need)
+        if best is not None and (self.lo is None or best > self.lo):
+            self.lo = best
+
+    def _largest_fitting(self, need: dict[int, float]) -> Optional[int]:
+        """The largest size in `need` that fits, from `floor` up to below `hi`."""
+        fitting = [b for b, n in need.items() if n <= self.free and b >= self.floor
+                   and (self.hi is None or b < self.hi)]
+        return max(fitting) if fitting else None
 
     need: dict[int, float] = {}
 

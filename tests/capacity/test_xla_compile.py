@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -188,6 +189,24 @@ def test_where_the_plans_agree_within_1_percent_one_compilation_confirms_the_cei
     assert tuned_rounds == [[line], [top]]
     assert f"{above} would need" in checked.explanation
     assert "as planned without autotuning" in checked.explanation
+
+
+def test_where_only_batch_1_fits_the_ceilings_check_compiles_no_batch_0():
+    # Not even one sample fits under the headroom, one fits the whole limit:
+    # the ratio at the answer is unknown, so the check would pair the top
+    # with a step below it.
+    estimate, _ = line_estimate()
+    estimate = dataclasses.replace(estimate, predicted_batch_size=1,
+                                   per_sample_bytes=4 * GIB, static_bytes=3 * GIB,
+                                   step_static_bytes=3 * GIB)
+
+    def one(b):
+        return 7.5 * GIB if b == 1 else 9 * GIB
+
+    planner = FakePlanner(aimed=one, tuned=one)
+    checked = check_compiled(estimate, None, None, lambda s: None, planner)
+    assert checked.predicted_batch_size == 0 and checked.ceiling_batch_size == 1
+    assert all(b >= 1 for _, sizes in planner.rounds for b in sizes)
 
 
 def test_where_nothing_above_the_answer_fits_as_fit_compiles_it_that_is_the_ceiling():
