@@ -48,7 +48,7 @@ MAX_CHECKS = 10  # compilations of XLA's plan after the fit, per search
 MAX_AIM = 24  # compilations without autotuning, per search (GPU)
 CEILING_RESOLUTION = 0.03  # the ceiling without headroom is told to 3%
 AGREE = 0.01  # autotuned and aimed plans that agree this well are one
-AUTOTUNED_WIDTH = 2  # autotuned compilations a round (GPU)
+AUTOTUNED_WIDTH = 2  # autotuned compilations a round of the answer's search (GPU)
 ANSWER_WIDTH = 4  # aimed compilations a round of the answer's search (GPU)
 MAX_CEILING_AUTOTUNED = 6  # autotuned compilations for the ceiling (GPU)
 #: The ceiling's aimed search steps up by this from the answer (GPU): XLA's
@@ -236,21 +236,18 @@ def _ceiling_as_fit_compiles(planner: xla_compile.Planner,
     6 GiB, against the aimed plans: the transformer's 0.8% under at its
     answer, 4% under at 241, then 3% over at 248, past a jump at 243, which
     ran out of memory). So the aimed ceiling is compiled as `fit` compiles
-    it: alone where `fit`'s plan of the answer was within 1% of the aimed
-    one (two of a convnet's side by side took 27-28 s, one 12 s), and where
-    it fits, the bracket stands (the transformer's aimed ceilings, 235 and
-    240 in two runs, fitted; 241 was the largest that trained); with the
-    size a step (3%) below where it was more; with the size above the
-    aimed bracket where it was less, since then more may fit. Else the
-    search goes on, two autotuned compilations a round at most
-    (`MAX_CEILING_AUTOTUNED` in all): down a step at a time, or where the
-    line through the lowest failing plans reaches the limit; up a step
-    while every size tried fits. Far off (more than `FAR` steps), the
-    aimed plans scaled by the ratio of the two plans aim instead.
-
-    A step below the aimed top as well, wherever XLA recomputes there, was
-    tried on an H200: it saved a round where the top failed (`gpt`'s) and
-    cost 10-28 s in four models of five, where it fitted.
+    it, and where it fits, the bracket stands (the transformer's aimed
+    ceilings, 235 and 240 in two runs, fitted; 241 was the largest that
+    trained), unless `fit`'s plan of the answer was more than 1% smaller
+    than the aimed one: then more may fit, and the search goes up. Where
+    it does not fit, the search goes down a step (3%) at a time, or where
+    the line through the lowest failing plans reaches the limit; far off
+    (more than `FAR` steps), the aimed plans scaled by the ratio of the two
+    plans aim instead. One compilation a round, `MAX_CEILING_AUTOTUNED` in
+    all: autotuning takes every core, so two side by side took about as
+    long as one after the other (an H200: 25-27 s, one 13-16 s), and the
+    first often settles what the second was for (the transformer under
+    4 GiB: 160 failed, and 164 beside it failed too).
 
     Args:
         planner: compiles the plans.
@@ -274,58 +271,52 @@ def _ceiling_as_fit_compiles(planner: xla_compile.Planner,
     def by_ratio() -> Optional[int]:
         return _aimed_by_ratio(aimed, {**need, **own}, tuned.free)
 
-    if ratio is None or ratio > 1 + AGREE:
-        sizes = [top, top - tuned.step(top)] if top > 1 else [top]
-    else:
-        sizes = [top, above] if more and above is not None else [top]
-    while sizes:
-        xla_compile.record(planner.plans(sizes[:MAX_CEILING_AUTOTUNED - len(own)]), own)
+    size: Optional[int] = top
+    while size is not None and size not in own:
+        xla_compile.record(planner.plans([size]), own)
         tuned.update(own)
         if tuned.lo == top and tuned.hi is None and not more:
             tuned.hi = above  # it fits as fit compiles it too: the bracket stands
             break
         if tuned.done or len(own) >= MAX_CEILING_AUTOTUNED:
             break
-        sizes = (_upward(tuned, own, by_ratio) if tuned.hi is None
-                 else _downward(tuned, own, by_ratio))
+        size = (_upward(tuned, by_ratio) if tuned.hi is None
+                else _downward(tuned, own, by_ratio))
     return tuned, own
 
 
-def _upward(tuned: xla_compile.Target, own: dict[int, float],
-            by_ratio: Callable[[], Optional[int]]) -> list[int]:
-    """The next sizes of a ceiling search where every size tried fits: a step
+def _upward(tuned: xla_compile.Target, by_ratio: Callable[[], Optional[int]]) -> int:
+    """The next size of a ceiling search where every size tried fits: a step
     up, which closes the bracket where it fails; where the aimed plans
-    scaled by the ratio reach the limit further up (at most `FAR` steps),
-    there and a step below instead."""
+    scaled by the ratio reach the limit further up, there (at most `FAR`
+    steps up)."""
     lo = tuned.lo
     assert lo is not None
     step = tuned.step(lo)
     guess = by_ratio()
     if guess is None or guess <= lo + 2 * step:
-        sizes = [lo + step]
-    else:
-        guess = min(guess, lo + FAR * step)
-        sizes = [guess - tuned.step(guess), guess]
-    return [b for b in sizes if b > lo and b not in own]
+        return lo + step
+    return min(guess, lo + FAR * step)
 
 
 def _downward(tuned: xla_compile.Target, own: dict[int, float],
-              by_ratio: Callable[[], Optional[int]]) -> list[int]:
-    """The next sizes of a ceiling search whose top does not fit."""
+              by_ratio: Callable[[], Optional[int]]) -> Optional[int]:
+    """The next size of a ceiling search whose top does not fit: inside the
+    bracket where one is closed; else a step down, or further where the
+    line through the failing plans (or the ratio) says (at most `FAR`
+    steps down)."""
     lo, hi = tuned.lo, tuned.hi
     assert hi is not None
     if lo is not None:
-        return tuned.propose(AUTOTUNED_WIDTH, set(own))
+        inside = tuned.propose(1, set(own))
+        return inside[0] if inside else None
     walk = hi - tuned.step(hi)
     guess = tuned.interpolate()  # None where the failing plans are flat
     if guess is not None and guess < walk - FAR * tuned.step(walk):
         guess = by_ratio()
     if guess is not None and guess < walk - 2 * tuned.step(walk):
-        guess = max(guess, walk - FAR * tuned.step(walk), 1)
-        sizes = [guess, guess + tuned.step(guess)]
-    else:
-        sizes = [walk, walk - tuned.step(walk)]
-    return [b for b in sizes if 1 <= b < hi and b not in own]
+        return max(guess, walk - FAR * tuned.step(walk), 1)
+    return walk
 
 
 def _aimed_by_ratio(aimed: dict[int, float], need: dict[int, float],
