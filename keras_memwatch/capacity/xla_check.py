@@ -185,8 +185,9 @@ def _as_fit_compiles(planner: xla_compile.Planner, aimed_answer: xla_compile.Tar
     100, and 103 fitted too). Where it does not fit (two attention layers
     on an H200: 6% more), the answer is aimed again by the aimed plans
     scaled by that ratio and searched with autotuned compilations, two at
-    a time (autotuning takes every core: two side by side took 16-17 s on
-    an H200, one 11.6 s).
+    a time: below the recomputation the line through the plans aims well,
+    and a size with the one above it brackets the answer in one round
+    (two side by side took 16-27 s on an H200, one 11.6-16 s).
     """
     lo = aimed_answer.lo
     try:
