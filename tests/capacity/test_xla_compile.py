@@ -199,8 +199,7 @@ def test_where_the_plans_agree_within_1_percent_one_compilation_confirms_the_cei
 
 def test_where_only_batch_1_fits_the_ceilings_check_compiles_no_batch_0():
     # Not even one sample fits under the headroom, one fits the whole limit:
-    # the ratio at the answer is unknown, so the check would pair the top
-    # with a step below it.
+    # the ratio at the answer is unknown, and no step below batch 1 exists.
     estimate, _ = line_estimate()
     estimate = dataclasses.replace(estimate, predicted_batch_size=1,
                                    per_sample_bytes=4 * GIB, static_bytes=3 * GIB,
