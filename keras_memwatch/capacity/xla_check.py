@@ -13,19 +13,15 @@ kernels on every core (an H200, a transformer: 11.6 s alone, 16-17 s for
 two side by side, in threads or in processes alike), both searches aim
 with compilations without autotuning (`xla_compile.AIM_OPTIONS`), and
 only the sizes the answers rest on are compiled as `fit` compiles them:
-the answer, once where that plan fits (so `fit` at the answer finds it
-in JAX's cache); then the ceiling, where autotuning can change the plan
-much more, since XLA recomputes activations there. The ceiling is told to
-3%.
+the ceiling, where autotuning can change the plan much more, since XLA
+recomputes activations there; then the answer, only where the ceiling's
+check leaves it unproven (`_answer_proven`). The ceiling is told to 3%.
 
 The ceiling is aimed from the answer's first round on, beside the
-answer's later rounds and its compilation as `fit` makes it, in a table of
-its own: plans far above the answer, where XLA recomputes, are not
-monotonic (the block's: 5.27 GiB at batch 326, 5.35 GiB at 295) and would
-move the answer. Compilations are bound by the CPU, so this saves only the
-time a round leaves cores idle (the transformer on an H200: 55-62 s in all,
-from 86 s, with the ceiling confirmed by one autotuned compilation instead
-of three).
+answer's later rounds, in a table of its own: plans far above the answer,
+where XLA recomputes, are not monotonic (the block's: 5.27 GiB at batch
+326, 5.35 GiB at 295) and would move the answer. Compilations are bound
+by the CPU, so this saves only the time a round leaves cores idle.
 """
 
 from __future__ import annotations
@@ -34,7 +30,6 @@ import concurrent.futures
 import dataclasses
 import logging
 import math
-import threading
 import time
 from typing import Any, Callable, Optional
 
@@ -103,27 +98,21 @@ def check_compiled(estimate: CapacityEstimate, model: Any, sample: tuple[Any, An
                 return planner.plans(sizes, aim=True)
 
             # The answer's first round bounds the ceiling's search too; then
-            # the ceiling is aimed while the answer is aimed on and checked
-            # as fit compiles it, and last checked as fit compiles it too.
+            # both are aimed side by side, and the ceiling is checked as fit
+            # compiles it. The answer is compiled so only where that check
+            # leaves it unproven (`_answer_proven`).
             made = xla_compile.search([answer], aim, aimed, MAX_AIM, ANSWER_WIDTH,
                                       max_rounds=1)
             aimed_ceiling.update(aimed)
-            first_checked = threading.Event()
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
-                answering = pool.submit(_answer, planner, aim, answer, aimed,
-                                        MAX_AIM - made, need, room, first_checked)
+                answering = pool.submit(xla_compile.search, [answer], aim, aimed,
+                                        MAX_AIM - made, ANSWER_WIDTH)
                 xla_compile.search([ceiling], aim, aimed_ceiling, MAX_AIM,
                                    planner.parallel)
-                first_checked.wait()  # the answer's aimed plans are all in
-                if answering.done():
-                    answering.result()  # raises what its search raised
-                aimed_ceiling = {**aimed, **aimed_ceiling}
-                ceiling, tuned = _ceiling_as_fit_compiles(
-                    planner, ceiling, aimed_ceiling, need,
-                    _ratio(answer.lo, aimed, dict(need)))
-                answer = answering.result()
-            need.update(tuned)
-            ceiling.admit(need)  # the answer's may be the largest that fits
+                answering.result()
+            aimed_ceiling = {**aimed, **aimed_ceiling}
+            answer, ceiling = _both_as_fit_compiles(planner, answer, ceiling, aimed,
+                                                    aimed_ceiling, need, room)
         else:
             xla_compile.search([answer, ceiling], planner.plans, need,
                                2 * MAX_CHECKS, planner.parallel)
@@ -145,7 +134,8 @@ def check_compiled(estimate: CapacityEstimate, model: Any, sample: tuple[Any, An
                 else "")
              + f", {seconds:.0f} s.")
     explanation = (_answer_text(estimate, plans, room, lo, hi, line,
-                                aimed_above=accelerator and hi not in need)
+                                aimed_above=accelerator and hi not in need,
+                                aimed_answer=accelerator and lo not in need)
                    + _ceiling_text(estimate, plans, full, ceiling.lo, ceiling.hi,
                                    line_ceiling, _ceiling_how(accelerator, ceiling),
                                    aimed_above=accelerator and ceiling.hi not in need)
@@ -155,47 +145,68 @@ def check_compiled(estimate: CapacityEstimate, model: Any, sample: tuple[Any, An
                                checked=_checked(plans), explanation=explanation)
 
 
-def _answer(planner: xla_compile.Planner,
-            aim: Callable[[list[int]], dict[int, Any]], answer: xla_compile.Target,
-            aimed: dict[int, float], budget: int, need: dict[int, float],
-            room: float, first_checked: threading.Event) -> xla_compile.Target:
-    """The answer's aimed search to its end, then its check as `fit`
-    compiles it (`_as_fit_compiles`)."""
-    try:
-        xla_compile.search([answer], aim, aimed, budget, ANSWER_WIDTH)
-    except BaseException:
-        first_checked.set()
-        raise
-    return _as_fit_compiles(planner, answer, dict(aimed), need, room, first_checked)
+def _both_as_fit_compiles(planner: xla_compile.Planner, answer: xla_compile.Target,
+                          ceiling: xla_compile.Target, aimed: dict[int, float],
+                          aimed_all: dict[int, float], need: dict[int, float],
+                          room: float) -> tuple[xla_compile.Target, xla_compile.Target]:
+    """The ceiling checked as `fit` compiles it, then the answer where that
+    leaves it unproven (`_answer_proven`); `need` receives the plans."""
+    ceiling, tuned = _ceiling_as_fit_compiles(planner, ceiling, aimed_all)
+    need.update(tuned)
+    if not _answer_proven(answer.lo, ceiling, aimed_all, need):
+        answer = _as_fit_compiles(planner, answer, dict(aimed), need, room)
+        ceiling.admit(need)  # the answer's may be the largest that fits
+    return answer, ceiling
+
+
+def _answer_proven(answer: Optional[int], ceiling: xla_compile.Target,
+                   aimed: dict[int, float], need: dict[int, float]) -> bool:
+    """Whether the aimed answer stands without its own compilation as `fit`
+    makes it (13-16 s of an H200's every core, a fifth of the estimate).
+
+    It does where the ceiling's check found a size at least as large that
+    fits the whole limit as `fit` compiles it (then the answer trains), and
+    no size that fits as `fit` compiles it came out more than `AGREE` over
+    its aimed plan: such a size needed no recomputation to fit, so the
+    excess is the plans' own, and the answer, planned the same way, may
+    carry it into the headroom. Sizes that fail say nothing of it: there
+    XLA recomputes as far as it can, and the transformer's plans as `fit`
+    compiles them came out 3-6% over the aimed ones at sizes that failed
+    (248 under 6 GiB, 160 and 164 under 4 GiB) and 0.8-3.2% under at its
+    answers. So the answer's plan as `fit` compiles it is bounded, not
+    known: an H200 put it from 3.2% under the aimed one to within 0.2% of
+    it at the answers of six models, inside the headroom.
+    """
+    if answer is None:
+        return True
+    if ceiling.lo is None or ceiling.lo < answer:
+        return False
+    return not any(need[b] <= ceiling.free and (r := _ratio(b, aimed, need)) is not None
+                   and r > 1 + AGREE for b in need)
 
 
 def _as_fit_compiles(planner: xla_compile.Planner, aimed_answer: xla_compile.Target,
                      aimed: dict[int, float], need: dict[int, float],
-                     room: float, first_checked: threading.Event
-                     ) -> xla_compile.Target:
+                     room: float) -> xla_compile.Target:
     """The answer checked with the compilation `fit` makes (autotuned).
 
     Below the sizes where XLA recomputes activations, autotuning often
-    changes the plan by nothing (a transformer on an H200: equal to 0.1%
+    changes the plan by little (a transformer on an H200: equal to 0.1%
     from batch 140 to 155), so one compilation of the aimed answer confirms
     it, and `fit` at that size then finds it in JAX's cache. Where that
     plan fits, the answer stands, even where it is smaller than the aimed
     one: a search upward would take autotuned rounds of 15-23 s for a few
     percent more (the transformer under 4 GiB on an H200: 3.2% smaller at
-    100, and 103 fitted too). Where it does not fit (two attention layers
-    on an H200: 6% more), the answer is aimed again by the aimed plans
-    scaled by that ratio and searched with autotuned compilations, two at
-    a time: below the recomputation the line through the plans aims well,
+    100, and 103 fitted too). Where it does not fit, the answer is aimed
+    again by the aimed plans scaled by that ratio and searched with
+    autotuned compilations, two at a time: below the recomputation the line through the plans aims well,
     and a size with the one above it brackets the answer in one round
     (two side by side took 16-27 s on an H200, one 11.6-16 s).
     """
     lo = aimed_answer.lo
-    try:
-        if lo is None:
-            return aimed_answer
-        got = xla_compile.record(planner.plans([lo]), need)[lo]
-    finally:
-        first_checked.set()  # the ceiling's check decides by this plan
+    if lo is None:
+        return aimed_answer
+    got = xla_compile.record(planner.plans([lo]), need)[lo]
     if got <= room:
         confirmed = xla_compile.Target(room, lo)
         confirmed.lo, confirmed.hi = lo, aimed_answer.hi
@@ -216,19 +227,26 @@ def _as_fit_compiles(planner: xla_compile.Planner, aimed_answer: xla_compile.Tar
 def _ratio(size: Optional[int], aimed: dict[int, float],
            need: dict[int, float]) -> Optional[float]:
     """The plan of `size` as `fit` compiles it over the aimed one, or None
-    where either is unknown."""
-    if size is None or size not in need or size not in aimed:
+    where either is unknown. A size not aimed is read off the line between
+    the aimed sizes on either side of it (the ceiling's walk goes between
+    them)."""
+    if size is None or size not in need:
         return None
-    tuned, aimed_bytes = need[size], aimed[size]
-    if not (math.isfinite(tuned) and math.isfinite(aimed_bytes)) or aimed_bytes <= 0:
+    known = {b: v for b, v in aimed.items() if math.isfinite(v)}
+    below = max((b for b in known if b <= size), default=None)
+    above = min((b for b in known if b >= size), default=None)
+    if below is None or above is None:
         return None
-    return tuned / aimed_bytes
+    aimed_bytes = known[below] if below == above else (
+        known[below] + (known[above] - known[below]) * (size - below) / (above - below))
+    if not math.isfinite(need[size]) or aimed_bytes <= 0:
+        return None
+    return need[size] / aimed_bytes
 
 
 def _ceiling_as_fit_compiles(planner: xla_compile.Planner,
                              aimed_ceiling: xla_compile.Target,
-                             aimed: dict[int, float], need: dict[int, float],
-                             ratio: Optional[float] = None
+                             aimed: dict[int, float]
                              ) -> tuple[xla_compile.Target, dict[int, float]]:
     """The ceiling checked with the compilation `fit` makes (autotuned).
 
@@ -239,13 +257,13 @@ def _ceiling_as_fit_compiles(planner: xla_compile.Planner,
     ran out of memory). So the aimed ceiling is compiled as `fit` compiles
     it, and where it fits, the bracket stands (the transformer's aimed
     ceilings, 235 and 240 in two runs, fitted; 241 was the largest that
-    trained), unless `fit`'s plan of the answer was more than 1% smaller
-    than the aimed one: then more may fit, and the search goes up. Where
-    it does not fit, the search goes down a step (3%) at a time, or where
-    the line through the lowest failing plans reaches the limit; far off
-    (more than `FAR` steps), the aimed plans scaled by the ratio of the two
-    plans aim instead. One compilation a round, `MAX_CEILING_AUTOTUNED` in
-    all: autotuning takes every core, so two side by side took about as
+    trained), unless its plan as `fit` compiles it is more than `AGREE`
+    smaller than the aimed one: then more may fit, and the search goes up.
+    Where it does not fit, the search goes down a step (3%) at a time, or
+    where the line through the lowest failing plans reaches the limit; far
+    off (more than `FAR` steps), the aimed plans scaled by the ratio of the
+    two plans aim instead. One compilation a round, `MAX_CEILING_AUTOTUNED`
+    in all: autotuning takes every core, so two side by side took about as
     long as one after the other (an H200: 25-27 s, one 13-16 s), and the
     first often settles what the second was for (the transformer under
     4 GiB: 160 failed, and 164 beside it failed too).
@@ -254,29 +272,27 @@ def _ceiling_as_fit_compiles(planner: xla_compile.Planner,
         planner: compiles the plans.
         aimed_ceiling: the ceiling's bracket from the aimed plans.
         aimed: the aimed plans.
-        need: plans as `fit` compiles them, of the answer (read only: it may
-            still be growing in another thread).
-        ratio: `fit`'s plan of the answer over the aimed one; None unknown.
 
     Returns:
         The ceiling's bracket (`lo` None where no size tried fits) and the
         plans compiled for it.
     """
     top, above = aimed_ceiling.lo, aimed_ceiling.hi
-    own: dict[int, float] = {}  # not the answer's plans, far below
+    own: dict[int, float] = {}
     if top is None:
         return aimed_ceiling, own
     tuned = xla_compile.Target(aimed_ceiling.free, top, resolution=CEILING_RESOLUTION)
-    more = ratio is not None and ratio < 1 - AGREE  # fit's plans may be smaller
 
     def by_ratio() -> Optional[int]:
-        return _aimed_by_ratio(aimed, {**need, **own}, tuned.free)
+        return _aimed_by_ratio(aimed, own, tuned.free)
 
     size: Optional[int] = top
     while size is not None and size not in own:
         xla_compile.record(planner.plans([size]), own)
         tuned.update(own)
-        if tuned.lo == top and tuned.hi is None and not more:
+        ratio = _ratio(top, aimed, own)
+        smaller = ratio is not None and ratio < 1 - AGREE  # then more may fit
+        if tuned.lo == top and tuned.hi is None and not smaller:
             tuned.hi = above  # it fits as fit compiles it too: the bracket stands
             break
         if tuned.done or len(own) >= MAX_CEILING_AUTOTUNED:
@@ -371,9 +387,9 @@ def _bytes(n: float) -> str:
 
 def _answer_text(estimate: CapacityEstimate, need: dict[int, float], room: float,
                  lo: Optional[int], hi: Optional[int], line: int,
-                 aimed_above: bool = False) -> str:
-    """The explanation of the answer under the headroom; with `aimed_above`,
-    the plan of `hi` is said to be an aimed one."""
+                 aimed_above: bool = False, aimed_answer: bool = False) -> str:
+    """The explanation of the answer under the headroom; with `aimed_above`
+    (`aimed_answer`), the plan of `hi` (`lo`) is said to be an aimed one."""
     where = f"{estimate.device} ({estimate.backend}, {estimate.measured_by})"
     sizes = estimate.fit_batch_sizes
     fitted = (f"the line fitted over batch sizes {sizes[0]}-{sizes[-1]} "
@@ -391,8 +407,10 @@ def _answer_text(estimate: CapacityEstimate, need: dict[int, float], room: float
     beyond = ("every size checked fits" if hi is None else
               f"batch {hi} would need {_bytes(need[hi])}"
               + (" as planned without autotuning" if aimed_above else ""))
+    how = (" without autotuning (the larger ceiling fits as `fit` compiles it)"
+           if aimed_answer else "")
     return (f"Largest batch {lo} on {where}, checked by compiling the "
-            f"step: it needs {format_bytes(need[lo])} of {under}, "
+            f"step{how}: it needs {format_bytes(need[lo])} of {under}, "
             f"{beyond}; {fitted}.")
 
 

@@ -56,37 +56,22 @@ def line_estimate():
         backend="jax", method="xla", measured_by="XLA plan"), line
 
 
-def test_searched_without_autotuning_then_each_answer_compiled_once_as_fit_does():
+def test_searched_without_autotuning_then_only_the_ceiling_compiled_as_fit_does():
     estimate, line = line_estimate()
     planner = FakePlanner()
     checked = check_compiled(estimate, None, None, lambda s: None, planner)
     assert checked.predicted_batch_size == line  # the line is exact below
-    # the ceiling, told to 3%: where the answer's two plans are the same and
-    # the aimed ceiling fits as fit compiles it, one compilation confirms it
+    # the ceiling, told to 3%: where the aimed ceiling fits as fit compiles
+    # it, and no larger, one compilation confirms it, and the answer below it
     assert CLIFF * 0.97 <= checked.ceiling_batch_size <= (CLIFF + 12) * 1.0
     default_rounds = [sizes for aim, sizes in planner.rounds if not aim]
-    assert default_rounds == [[line], [checked.ceiling_batch_size]]
+    assert default_rounds == [[checked.ceiling_batch_size]]
     assert len(planner.rounds) <= 7
     assert "without autotuning, 8 side by side" in checked.explanation
     assert "(as `fit` compiles it, to 3%)" in checked.explanation
-
-
-def test_the_ceilings_first_check_waits_for_the_answers_plan_as_fit_compiles_it():
-    # On an H200 the convnet's ceiling was aimed before its answer's
-    # autotuned plan came back, and went out as a pair (26 s, not 12 s).
-    estimate, line = line_estimate()
-    planner = FakePlanner()
-    plans = planner.plans
-
-    def slow(sizes, aim=False):
-        if not aim:
-            time.sleep(0.3)
-        return plans(sizes, aim)
-
-    planner.plans = slow
-    checked = check_compiled(estimate, None, None, lambda s: None, planner)
-    default_rounds = [sizes for aim, sizes in planner.rounds if not aim]
-    assert default_rounds == [[line], [checked.ceiling_batch_size]]
+    assert (f"Largest batch {line} on GPU:0 (jax, XLA plan), checked by compiling "
+            "the step without autotuning (the larger ceiling fits as `fit` "
+            "compiles it") in checked.explanation
 
 
 def test_the_ceiling_is_aimed_while_the_answer_is_still_aimed():
@@ -123,14 +108,15 @@ def test_where_autotuning_grows_the_plan_near_the_ceiling_the_ceiling_comes_down
     checked = check_compiled(estimate, None, None, lambda s: None, planner)
     truth = max(b for b in range(1, 2 * CLIFF)
                 if plan(b, shift=12) * ratio(b) <= 8 * GIB)
-    assert truth * 0.97 <= checked.ceiling_batch_size <= truth
+    # a long walk down: its six compilations end within 5%, not 3%
+    assert truth * 0.95 <= checked.ceiling_batch_size <= truth
     assert dict(checked.checked)[checked.ceiling_batch_size] <= 8 * GIB
     tuned_rounds = [sizes for aim, sizes in planner.rounds if not aim]
     # pairs only in the answer's search (re-aimed below the line), the
     # ceiling's one compilation a round
     assert all(len(sizes) == 1 or max(sizes) < line for sizes in tuned_rounds)
     assert sum(map(len, tuned_rounds)) <= 10 + 6
-    assert "(as `fit` compiles it, to 3%)" in checked.explanation
+    assert "(as `fit` compiles it)" in checked.explanation
 
 
 def test_where_autotuning_only_moves_the_plan_near_the_ceiling_it_is_checked_too():
@@ -149,8 +135,10 @@ def test_where_autotuning_only_moves_the_plan_near_the_ceiling_it_is_checked_too
     assert checked.predicted_batch_size == line
     assert jump * 0.97 <= checked.ceiling_batch_size <= jump
     tuned_rounds = [sizes for aim, sizes in planner.rounds if not aim]
-    # the aimed top fails, a step below fails, a step below that fits
-    assert tuned_rounds[0] == [line] and len(tuned_rounds) == 1 + 3
+    # the aimed top fails, a step below fails, a step below that fits; the
+    # sizes that failed over their aimed plans say nothing of the answer,
+    # which is not compiled
+    assert len(tuned_rounds) == 3 and [line] not in tuned_rounds
     assert all(len(sizes) == 1 for sizes in tuned_rounds)
     assert "(as `fit` compiles it, to 3%)" in checked.explanation
 
@@ -192,7 +180,7 @@ def test_where_the_plans_agree_within_1_percent_one_compilation_confirms_the_cei
     top, above = aimed_bracket(planner)
     assert top <= truth < above and truth * 0.97 <= checked.ceiling_batch_size == top
     tuned_rounds = [sizes for aim, sizes in planner.rounds if not aim]
-    assert tuned_rounds == [[line], [top]]
+    assert tuned_rounds == [[top]]
     assert f"{above} would need" in checked.explanation
     assert "as planned without autotuning" in checked.explanation
 
@@ -223,35 +211,73 @@ def test_where_nothing_above_the_answer_fits_as_fit_compiles_it_that_is_the_ceil
     assert "(as `fit` compiles it)" in checked.explanation
 
 
-def test_where_fits_plan_is_smaller_the_answer_stands_on_one_compilation():
+def test_where_fits_plans_are_smaller_the_aimed_answer_stands_uncompiled():
     # The transformer on an H200 under 4 GiB: fit's plan 3.2% under the
-    # aimed one at the answer; searching upward took two autotuned rounds.
+    # aimed one at the answer. The ceiling, far above, fits as fit compiles
+    # it, so the answer trains; its own compilation (13-16 s) is spared.
     estimate, line = line_estimate()
     planner = FakePlanner(scale=0.97)
     checked = check_compiled(estimate, None, None, lambda s: None, planner)
-    assert checked.predicted_batch_size == line
+    assert checked.predicted_batch_size == line < checked.ceiling_batch_size
     answers = [sizes for aim, sizes in planner.rounds
                if not aim and max(sizes) < 1.2 * line]
-    assert answers == [[line]]
-    assert (f"batch {line + line // 100} would need" in checked.explanation
-            and "as planned without autotuning;" in checked.explanation)
+    assert answers == []
+    assert ("checked by compiling the step without autotuning" in checked.explanation
+            and f"batch {line + line // 100} would need" in checked.explanation)
 
 
-def test_where_fits_plan_of_the_answer_does_not_fit_the_answer_is_aimed_again():
-    # Re-aimed by the ratio of the two plans, then searched two autotuned
-    # compilations at a time (autotuning takes every core).
+def test_where_fits_plans_are_larger_only_below_the_recomputation_it_goes_unseen():
+    # What sparing the answer's compilation costs: near the ceiling XLA
+    # recomputes until the plan fits, both ways, so the ceiling's plans
+    # cannot show that fit's are 6% larger at the answer. The answer trains
+    # (the ceiling fits as fit compiles it) but spends part of the headroom.
+    estimate, line = line_estimate()
+    planner = FakePlanner(scale=1.06)
+    checked = check_compiled(estimate, None, None, lambda s: None, planner)
+    assert checked.predicted_batch_size == line
+    assert plan(line, scale=1.06) > 8 * GIB * 0.9  # over the headroom ...
+    assert plan(checked.ceiling_batch_size, scale=1.06) <= 8 * GIB  # ... it trains
+
+
+def test_sizes_that_fail_over_their_aimed_plans_leave_the_answer_uncompiled():
+    # The transformer on an H200 under 6 GiB: fit's plan 2% under the aimed
+    # one at the aimed ceiling, so the walk went up, and the size above
+    # failed 3% over its aimed plan. Failing plans say nothing of the answer
+    # (0.8% under there), so its compilation (13 s) is spared.
+    estimate, line = line_estimate()
+
+    def tuned(b):
+        return 0.98 * plan(b, shift=20) if b <= CLIFF + 20 else 1.03 * plan(b)
+
+    planner = FakePlanner(tuned=tuned)
+    checked = check_compiled(estimate, None, None, lambda s: None, planner)
+    top, _ = aimed_bracket(planner)
+    default_rounds = [sizes for aim, sizes in planner.rounds if not aim]
+    assert default_rounds[0] == [top] and default_rounds[1][0] > CLIFF + 20
+    assert all(min(sizes) > 1.2 * line for sizes in default_rounds)
+    assert checked.predicted_batch_size == line
+
+
+def test_where_fits_plans_come_out_larger_the_answer_is_compiled_and_aimed_again():
+    # Fit's plans 6% larger everywhere, so the aimed ceiling does not fit
+    # as fit compiles it, and the size the walk finds fitting needs 6% more
+    # than aimed with no recomputation to hide it: after the walk the answer
+    # is compiled as fit does, re-aimed by the ratio of the two plans, then
+    # searched two autotuned compilations at a time (autotuning takes every
+    # core).
     estimate, line = line_estimate()
     scale = 1.06
-    planner = FakePlanner(scale=scale)
+    planner = FakePlanner(tuned=lambda b: scale * plan(b))
     checked = check_compiled(estimate, None, None, lambda s: None, planner)
-    truth = max(b for b in range(2 * line)
-                if plan(b, scale=scale) <= 8 * GIB * 0.9)
+    truth = max(b for b in range(2 * line) if scale * plan(b) <= 8 * GIB * 0.9)
     assert truth * 0.99 <= checked.predicted_batch_size <= truth
     assert dict(checked.checked)[checked.predicted_batch_size] <= 8 * GIB * 0.9
     default_rounds = [sizes for aim, sizes in planner.rounds if not aim]
     answers = [sizes for sizes in default_rounds if max(sizes) < 1.2 * line]
     assert answers[0] == [line] and len(answers) <= 3
+    assert default_rounds.index([line]) > 0  # after the ceiling's walk
     assert all(len(sizes) <= 2 for sizes in default_rounds)
+    assert "checked by compiling the step: it needs" in checked.explanation
 
 
 def test_the_answer_rests_on_its_own_plans_not_the_ceilings():
