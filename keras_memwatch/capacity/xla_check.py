@@ -199,9 +199,10 @@ def _as_fit_compiles(planner: xla_compile.Planner, aimed_answer: xla_compile.Tar
     percent more (the transformer under 4 GiB on an H200: 3.2% smaller at
     100, and 103 fitted too). Where it does not fit, the answer is aimed
     again by the aimed plans scaled by that ratio and searched with
-    autotuned compilations, two at a time: below the recomputation the line through the plans aims well,
-    and a size with the one above it brackets the answer in one round
-    (two side by side took 16-27 s on an H200, one 11.6-16 s).
+    autotuned compilations, two at a time: below the recomputation the
+    line through the plans aims well, and a size with the one above it
+    brackets the answer in one round (two side by side took 16-27 s on an
+    H200, one 11.6-16 s).
     """
     lo = aimed_answer.lo
     if lo is None:
