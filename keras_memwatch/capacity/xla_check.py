@@ -154,7 +154,7 @@ def _both_as_fit_compiles(planner: xla_compile.Planner, answer: xla_compile.Targ
     ceiling, tuned = _ceiling_as_fit_compiles(planner, ceiling, aimed_all)
     need.update(tuned)
     if not _answer_proven(answer.lo, ceiling, aimed_all, need):
-        answer = _as_fit_compiles(planner, answer, dict(aimed), need, room)
+        answer = _as_fit_compiles(planner, answer, aimed, need, room)
         ceiling.admit(need)  # the answer's may be the largest that fits
     return answer, ceiling
 
