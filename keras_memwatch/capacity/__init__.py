@@ -64,8 +64,8 @@ How a step's working memory is measured, per device (`method="auto"`):
   compile in rounds side by side, aimed by compilations without
   autotuning or Triton's matrix multiplications (half the time, plans
   nearer `fit`'s), and the answer is confirmed by the compilation `fit`
-  makes, and so is the ceiling, where autotuning can change the plan far
-  more (`xla_compile`, `xla_check`).
+  makes, which `fit` then finds in JAX's cache; the ceiling is left to the
+  aimed plans (`xla_compile`, `xla_check`).
 - JAX on the CPU: the host's peak RSS answers; XLA's plan at the same
   sizes (from JAX's cache) is reported beside it, and the smaller answer
   is used, saying why (`alternatives`).

@@ -110,11 +110,11 @@ class CapacityEstimate:
             headroom), where it was searched: on JAX (method `"xla"`) the
             largest whose compiled step fits (XLA fits a step it would
             otherwise not by recomputing activations, so this can be well
-            above what the line says, with slower steps), on a GPU aimed by
-            plans compiled without autotuning, which near XLA's limit may
-            plan a few percent more or less than `fit`'s compilation (an
-            H200, a transformer: 4% more to 3% less), then checked and
-            searched to 3% as `fit` compiles it; on a GPU measured by the
+            above what the line says, with slower steps), on a GPU told to
+            3% by plans compiled without autotuning, which near XLA's limit
+            may plan a few percent more or less than `fit`'s compilation
+            (an H200, a transformer: 4% less to 6% more), and are not
+            checked as `fit` compiles them; on a GPU measured by the
             probes under an allocator cap, the largest batch that trained:
             as a job, 4 epochs of 15 steps, in a new process where
             `fresh_process` ran (PyTorch), else two real steps in the

@@ -7,8 +7,8 @@ compiler releases the GIL. A size `fit` already compiled comes from JAX's
 cache. On a GPU, where most of a compilation as `fit` makes it is
 autotuning kernels (compiling hundreds of candidates on every core), sizes
 that only *aim* a search are compiled without autotuning and without
-Triton's matrix multiplications (`AIM_OPTIONS`); every size an answer
-rests on is compiled as `fit` compiles it.
+Triton's matrix multiplications (`AIM_OPTIONS`); the answer is compiled
+as `fit` compiles it (`keras_memwatch.capacity.xla_check`).
 
 `search` drives several searches at once over one shared table of plans:
 each target (the answer under the headroom, the ceiling under the whole
@@ -208,20 +208,13 @@ class Target:
             room also probes above (up to `MAX_ABOVE` times `start`).
         resolution: the bracket is done within this fraction of its top.
         factor: the step outside a one-sided bracket.
-        around: `start` was aimed (by plans compiled another way): the
-            first round checks sizes on both sides of it.
     """
 
     def __init__(self, free: float, start: int, more_likely: bool = False,
-                 resolution: float = 0.01, factor: float = 1.25,
-                 around: bool = False):
+                 resolution: float = 0.01, factor: float = 1.25):
         self.free = free
         self.start = max(int(start), 1)
         self.more_likely = more_likely
-        self.around = around
-        # Around an aimed start, plans far below it say nothing of the
-        # boundary (they fit either way): they do not set `lo`.
-        self.floor = int(self.start / factor) if around else 0
         self.resolution = resolution
         self.factor = factor
         self.lo: Optional[int] = None
@@ -233,20 +226,9 @@ class Target:
         self.need = need
         failing = [b for b, n in need.items() if n > self.free]
         self.hi = min(failing) if failing else None
-        self.lo = self._largest_fitting(need)
-
-    def admit(self, need: dict[int, float]) -> None:
-        """Raises `lo` to the largest size in `need` that fits below `hi`
-        (plans another search compiled), keeping `hi`."""
-        best = self._largest_fitting(need)
-        if best is not None and (self.lo is None or best > self.lo):
-            self.lo = best
-
-    def _largest_fitting(self, need: dict[int, float]) -> Optional[int]:
-        """The largest size in `need` that fits, from `floor` up to below `hi`."""
-        fitting = [b for b, n in need.items() if n <= self.free and b >= self.floor
-                   and (self.hi is None or b < self.hi)]
-        return max(fitting) if fitting else None
+        fitting = [b for b, n in need.items()
+                   if n <= self.free and (self.hi is None or b < self.hi)]
+        self.lo = max(fitting) if fitting else None
 
     need: dict[int, float] = {}
 
@@ -297,10 +279,6 @@ class Target:
             while len(sizes) < k and self.more_likely and up <= MAX_ABOVE * s:
                 sizes.append(up)
                 up = int(math.ceil(up * self.factor))
-            i = 1
-            while len(sizes) < k and self.around:
-                sizes.append(max(s - i * self.step(s), 1))
-                i += 1
         else:
             self.rounds += 1
             # Aim by the line through the nearest plans, except where
