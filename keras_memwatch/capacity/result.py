@@ -289,7 +289,7 @@ class CapacityEstimate:
             lines.append(f"              {batch:>5}  {format_bytes(working):>10}"
                          f"{extra}{mark}")
         if self.ceiling_batch_size is not None:
-            how = ("XLA's compiled plan" if self.method == "xla" else
+            how = ("by XLA's compiled plans, not trained" if self.method == "xla" else
                    "the largest batch that trained for real in a new process; "
                    f"{self.in_process_ceiling_batch_size} in the measuring one"
                    if self.in_process_ceiling_batch_size is not None else

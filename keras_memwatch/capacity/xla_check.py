@@ -13,10 +13,8 @@ kernels on every core (an H200: 13-16 s each, two side by side as long as
 two in turn), both searches aim with compilations without autotuning
 (`xla_compile.AIM_OPTIONS`, about half the time), and one size is compiled
 as `fit` compiles it: the answer, the size `fit` then finds in JAX's
-cache. The ceiling is told to 3% by the aimed plans alone. Checking it as
-`fit` compiles it took one to two compilations more, the whole time the
-estimate spent over a minute on an H200, and moved it by one or two
-percent either way (`_ceiling_text`).
+cache. The ceiling is told to 3% by the aimed plans alone (`_ceiling_text`
+says how close that comes).
 
 The ceiling is aimed from the answer's first round on, beside the
 answer's later rounds and its compilation as `fit` makes it, in a table of
@@ -25,7 +23,8 @@ monotonic (the block's: 5.27 GiB at batch 326, 5.35 GiB at 295) and would
 move the answer. Compilations are bound by the CPU, so this saves the time
 a round leaves cores idle: on an H200, the ceiling's second aimed round
 (13 s alone) and the answer's compilation as `fit` makes it (16 s alone)
-took 16 s side by side.
+took 16 s side by side (`gpt`: its ceiling's first round and its answer's
+compilation 20 s together, where they had taken 12 s and 16 s in turn).
 """
 
 from __future__ import annotations
@@ -235,12 +234,14 @@ def _ceiling_text(estimate: CapacityEstimate, need: dict[int, float], full: floa
     `aimed` (a GPU), its plans are said to be aimed ones, and with `told`,
     told to `CEILING_RESOLUTION`.
 
-    An aimed ceiling is not checked as `fit` compiles it. Where XLA
-    recomputes, autotuning moved the plan by a few percent either way on an
-    H200 (the transformer under 6 GiB: 4% under the aimed plan at 241, 3%
-    over at 248), and of six models' aimed ceilings, two needed more than
-    the limit as `fit` compiles them (`gpt`'s 95 by 0.2%; the transformer's
-    160 under 4 GiB, whose plan came out 6% over the aimed one).
+    An aimed ceiling is not checked as `fit` compiles it, so it can lie a
+    percent or two either side of the largest batch that trains. Of six
+    estimates on an H200 (five models under 6 GiB, the transformer also
+    under 4 GiB; each size a job of 150 steps in a new process), four
+    ceilings trained, 0-2.3% below the largest batch that trained, and two
+    ran out of memory, one batch above it (`gpt`: 95, where 94 trained; the
+    transformer under 4 GiB: 160, where 159 trained). Checking it as `fit` compiles it took one or two
+    compilations of 13-16 s, which put those two estimates over a minute.
     """
     how = " as planned without autotuning" if aimed else ""
     if ceiling is None:
@@ -259,5 +260,7 @@ def _ceiling_text(estimate: CapacityEstimate, need: dict[int, float], full: floa
         text += (f": XLA plans {1 - need[ceiling] / line_bytes:.0%} "
                  "less there than the line, by recomputing activations "
                  "(slower steps)")
-    return text + "." + (" Autotuning, as `fit` compiles the step, can move "
-                         "that plan by a few percent either way." if aimed else "")
+    return text + "." + (" Autotuning, as `fit` compiles the step, moves such "
+                         "plans by a few percent either way, so the largest batch "
+                         "that trains can lie a percent or two either side."
+                         if aimed else "")
