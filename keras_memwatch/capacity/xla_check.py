@@ -240,8 +240,9 @@ def _ceiling_text(estimate: CapacityEstimate, need: dict[int, float], full: floa
     under 4 GiB; each size a job of 150 steps in a new process), four
     ceilings trained, 0-2.3% below the largest batch that trained, and two
     ran out of memory, one batch above it (`gpt`: 95, where 94 trained; the
-    transformer under 4 GiB: 160, where 159 trained). Checking it as `fit` compiles it took one or two
-    compilations of 13-16 s, which put those two estimates over a minute.
+    transformer under 4 GiB: 160, where 159 trained). Checking it as `fit`
+    compiles it took one or two compilations of 13-16 s, which put those
+    two estimates over a minute.
     """
     how = " as planned without autotuning" if aimed else ""
     if ceiling is None:
