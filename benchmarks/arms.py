@@ -34,7 +34,7 @@ def backend_name() -> str:
 def started_probes() -> list:
     """The probes `probes="auto"` picks for this backend, started; those
     unavailable here are left out, as MemWatch's sampler does."""
-    from keras_memwatch.probes import ProbeUnavailable, resolve_probes
+    from keras_memwatch.record.probes import ProbeUnavailable, resolve_probes
 
     probes = []
     for probe in resolve_probes("auto", backend_name()):
@@ -276,7 +276,7 @@ def ablated_memwatch_class():
                 patches.append(mock.patch("keras_memwatch.callback.attach_planner",
                                           lambda model: (None, "ablated", ())))
             if self.ablation == "memwatch_nothread":
-                patches.append(mock.patch("keras_memwatch.pipeline.Pipeline.start"))
+                patches.append(mock.patch("keras_memwatch.record.pipeline.Pipeline.start"))
             for p in patches:
                 p.start()
             try:

@@ -13,7 +13,7 @@ import argparse
 import random
 import time
 
-from keras_memwatch.detector import SpikeDetector
+from keras_memwatch.judge.detector import SpikeDetector
 
 MIB = 2**20
 

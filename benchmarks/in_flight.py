@@ -33,7 +33,7 @@ def in_flight(name: str, batch: int, steps: int, sync: bool,
     import keras
 
     from benchmarks.verify_capacity import build, data
-    from keras_memwatch import xla_plan
+    from keras_memwatch.judge import xla_plan
     from keras_memwatch.capacity.batches import repeated
     from keras_memwatch.capacity.run_ahead import batches_held
 

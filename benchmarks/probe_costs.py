@@ -70,7 +70,7 @@ class _Rows:
 def _torch_calls(rows: _Rows, probe: Any) -> dict[str, Any]:
     import torch
 
-    from keras_memwatch.probes.torch import TorchProbe
+    from keras_memwatch.record.probes.torch import TorchProbe
 
     # Give the allocator something to count, in both pools.
     keep = []
@@ -154,7 +154,7 @@ def _tensorflow_calls(rows: _Rows, probe: Any) -> dict[str, Any]:
 def _nvml_calls(rows: _Rows, probe: Any) -> dict[str, Any]:
     import pynvml
 
-    from keras_memwatch.probes.nvml import NvmlProbe
+    from keras_memwatch.record.probes.nvml import NvmlProbe
 
     info: dict[str, Any] = {"nvidia-ml-py": getattr(pynvml, "__version__", "?")}
     try:  # a CUDA context of our own, so this process shows up in NVML's list
@@ -191,7 +191,7 @@ def _nvml_calls(rows: _Rows, probe: Any) -> dict[str, Any]:
 
 
 def child(name: str, iters: int, repeat: int) -> dict[str, Any]:
-    from keras_memwatch.probes import ProbeUnavailable, make_probe
+    from keras_memwatch.record.probes import ProbeUnavailable, make_probe
 
     result: dict[str, Any] = {"probe": name, "rows": []}
     probe = make_probe(name)

@@ -33,7 +33,7 @@ BLOCK = 128  # the pipeline's block
 def _block(start: int, n: int) -> Any:
     """Samples `start` to `start + n` of both devices, as the pipeline fills
     them (baselines, an occasional spike)."""
-    from keras_memwatch.block import MISSING, Block
+    from keras_memwatch.record.block import MISSING, Block
 
     i = np.arange(start, start + n)
     rss = 900 * MIB + (i % 97) * 4096
@@ -64,7 +64,7 @@ def _memory(recorder: Any) -> list[dict[str, float]]:
 
 
 def _fill(n: int, max_rows=None, devices=DEVICES) -> tuple[Any, float]:
-    from keras_memwatch.recorder import Recorder
+    from keras_memwatch.record.recorder import Recorder
 
     recorder = Recorder(max_rows)
     recorder.reset({d: {"host": HOST_SOURCES, "GPU:0": GPU_SOURCES}[d]
@@ -96,8 +96,8 @@ def _time_frame(recorder: Any, repeats: int) -> dict[str, Any]:
 
 
 def csv_throughput(n: int) -> dict[str, Any]:
-    from keras_memwatch.block import table_columns
-    from keras_memwatch.csvlog import CsvLog
+    from keras_memwatch.record.block import table_columns
+    from keras_memwatch.record.csvlog import CsvLog
 
     layout = [table_columns(HOST_SOURCES), table_columns(GPU_SOURCES)]
     blocks = [_block(k * BLOCK, BLOCK) for k in range(8)]
@@ -122,14 +122,14 @@ def pipeline_cost(n: int, repeats: int) -> dict[str, Any]:
     JAX-like GPU (a high-water mark and XLA's plan), the host and NVML,
     drained a block of 128 at a time."""
     from keras_memwatch import columns as C
-    from keras_memwatch.csvlog import CsvLog
-    from keras_memwatch.pipeline import Pipeline
-    from keras_memwatch.probes.base import Probe
-    from keras_memwatch.probes.host import HostProbe
-    from keras_memwatch.recorder import Recorder
-    from keras_memwatch.sampler import Sampler
-    from keras_memwatch.spikes import SpikeMonitor
-    from keras_memwatch.step_plan import StepPlan
+    from keras_memwatch.record.csvlog import CsvLog
+    from keras_memwatch.record.pipeline import Pipeline
+    from keras_memwatch.record.probes.base import Probe
+    from keras_memwatch.record.probes.host import HostProbe
+    from keras_memwatch.record.recorder import Recorder
+    from keras_memwatch.record.sampler import Sampler
+    from keras_memwatch.judge.spikes import SpikeMonitor
+    from keras_memwatch.judge.step_plan import StepPlan
 
     class Gpu(Probe):
         name, sees_all_gpus = "gpu", False

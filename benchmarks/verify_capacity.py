@@ -262,7 +262,7 @@ def trial(name: str, batch: int, backend: str, watch_dir: Optional[str] = None,
     from keras_memwatch import CollectCycles
     from keras_memwatch.capacity import collector
     from keras_memwatch.capacity.batches import repeated
-    from keras_memwatch.oom import is_oom_error
+    from keras_memwatch.explain.oom import is_oom_error
 
     began = time.perf_counter()
     out: dict[str, Any] = {"batch": batch}
@@ -330,7 +330,7 @@ def _watched_fit(model: Any, steps: Any, batch: int, backend: str,
                  watch_dir: str, epochs: int = EPOCHS) -> dict[str, Any]:
     """fit under MemWatch + oom_guard; checks the guard's report on an OOM."""
     from keras_memwatch import MemWatch
-    from keras_memwatch.guard import oom_guard
+    from keras_memwatch.explain.guard import oom_guard
 
     os.makedirs(watch_dir, exist_ok=True)
     watch = MemWatch(log_path=os.path.join(watch_dir, f"batch{batch}.csv"), verbose=0)
@@ -384,7 +384,7 @@ def _how_close(model: Any, name: str, batch: int, backend: str,
         else:
             import jax
 
-            from keras_memwatch import xla_plan
+            from keras_memwatch.judge import xla_plan
 
             stats = jax.local_devices()[0].memory_stats()
             out["peak_bytes_in_use"] = stats.get("peak_bytes_in_use")

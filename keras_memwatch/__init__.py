@@ -24,12 +24,12 @@ _PUBLIC = {
     "CapacityEstimate": "keras_memwatch.capacity",
     "CollectCycles": "keras_memwatch.cycles",
     "MemWatch": "keras_memwatch.callback",
-    "SpikeDetector": "keras_memwatch.detector",
-    "SpikeEvent": "keras_memwatch.events",
-    "configure_memory": "keras_memwatch.config",
+    "SpikeDetector": "keras_memwatch.judge.detector",
+    "SpikeEvent": "keras_memwatch.judge.events",
+    "configure_memory": "keras_memwatch.configure",
     "estimate_max_batch_size": "keras_memwatch.capacity",
-    "load_log": "keras_memwatch.csvlog",
-    "oom_guard": "keras_memwatch.guard",
+    "load_log": "keras_memwatch.record.csvlog",
+    "oom_guard": "keras_memwatch.explain.guard",
 }
 
 __all__ = sorted(_PUBLIC)
@@ -37,12 +37,12 @@ __all__ = sorted(_PUBLIC)
 if TYPE_CHECKING:
     from keras_memwatch.capacity import CapacityEstimate, estimate_max_batch_size
     from keras_memwatch.cycles import CollectCycles
-    from keras_memwatch.guard import oom_guard
+    from keras_memwatch.explain.guard import oom_guard
     from keras_memwatch.callback import MemWatch
-    from keras_memwatch.config import configure_memory
-    from keras_memwatch.csvlog import load_log
-    from keras_memwatch.detector import SpikeDetector
-    from keras_memwatch.events import SpikeEvent
+    from keras_memwatch.configure import configure_memory
+    from keras_memwatch.record.csvlog import load_log
+    from keras_memwatch.judge.detector import SpikeDetector
+    from keras_memwatch.judge.events import SpikeEvent
 
 
 def __getattr__(name: str) -> Any:

@@ -12,21 +12,22 @@ from typing import Any, Callable, Optional
 import keras
 import pandas as pd
 
-from keras_memwatch import batch_hooks, options
-from keras_memwatch.csvlog import PathLike, open_log
-from keras_memwatch.derived import main_device, spike_table
-from keras_memwatch.detector import SpikeDetector
-from keras_memwatch.events import SpikeEvent
-from keras_memwatch.probes import resolve_probes
-from keras_memwatch.pipeline import Pipeline
-from keras_memwatch.ranks import hostname, process_index_and_count
-from keras_memwatch.recorder import Recorder
-from keras_memwatch.report import summarize
-from keras_memwatch.sampler import Row, Sampler
-from keras_memwatch.spikes import SpikeMonitor
+from keras_memwatch import options
+from keras_memwatch.record import batch_hooks
+from keras_memwatch.record.csvlog import PathLike, open_log
+from keras_memwatch.judge.derived import main_device, spike_table
+from keras_memwatch.judge.detector import SpikeDetector
+from keras_memwatch.judge.events import SpikeEvent
+from keras_memwatch.record.probes import resolve_probes
+from keras_memwatch.record.pipeline import Pipeline
+from keras_memwatch.configure.ranks import hostname, process_index_and_count
+from keras_memwatch.record.recorder import Recorder
+from keras_memwatch.explain.report import summarize
+from keras_memwatch.record.sampler import Row, Sampler
+from keras_memwatch.judge.spikes import SpikeMonitor
 from keras_memwatch.files import open_new, refuse_existing
-from keras_memwatch.logs_metrics import LogsMetrics, add_metrics
-from keras_memwatch.step_plan import PLAN_SOURCE, StepPlanner, attach_planner
+from keras_memwatch.record.logs_metrics import LogsMetrics, add_metrics
+from keras_memwatch.judge.step_plan import PLAN_SOURCE, StepPlanner, attach_planner
 
 logger = logging.getLogger("keras_memwatch")
 
@@ -159,7 +160,7 @@ class MemWatch(keras.callbacks.Callback):
         self._probes = resolve_probes(probes, keras.backend.backend())
         self.memory_config = None
         if allow_growth is not None or memory_limit_mb is not None:
-            from keras_memwatch.config import configure_memory
+            from keras_memwatch.configure import configure_memory
 
             self.memory_config = configure_memory(
                 allow_growth=allow_growth, memory_limit_mb=memory_limit_mb)
@@ -371,7 +372,7 @@ class MemWatch(keras.callbacks.Callback):
             batch_size: the training batch size, to express the transient
                 part per sample. Defaults to `None` (not expressed).
         """
-        from keras_memwatch.breakdown import memory_breakdown
+        from keras_memwatch.explain.breakdown import memory_breakdown
 
         return memory_breakdown(self.model, self.to_dataframe(), batch_size)
 
@@ -394,7 +395,7 @@ class MemWatch(keras.callbacks.Callback):
             FileExistsError: if `path` exists and `overwrite` is `False`,
                 before anything is drawn.
         """
-        from keras_memwatch.plot import plot_memory
+        from keras_memwatch.explain.plot import plot_memory
 
         if path is not None:
             refuse_existing(path, overwrite)
@@ -437,7 +438,7 @@ class MemWatch(keras.callbacks.Callback):
                 logged).
             last_n: samples shown in the report. Defaults to `20`.
         """
-        from keras_memwatch.guard import oom_guard
+        from keras_memwatch.explain.guard import oom_guard
 
         return oom_guard(self, report_dir, last_n=last_n)
 

@@ -86,8 +86,8 @@ def log_path(name: str, value: Any) -> Optional[str]:
         return None
     if not isinstance(value, (str, os.PathLike)):
         raise _fail(name, "a path (str or os.PathLike) or None", value, TypeError)
-    from keras_memwatch.csvlog import RANK_FIELD
-    from keras_memwatch.ranks import process_index_and_count
+    from keras_memwatch.record.csvlog import RANK_FIELD
+    from keras_memwatch.configure.ranks import process_index_and_count
 
     path = os.path.abspath(os.fspath(value))
     if not path.lower().endswith(".csv"):

@@ -27,12 +27,12 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from keras_memwatch import columns as C  # noqa: E402
-from keras_memwatch.block import (MISSING, PHASE_CODES, Block,  # noqa: E402
+from keras_memwatch.record.block import (MISSING, PHASE_CODES, Block,  # noqa: E402
                                   table_columns)
-from keras_memwatch.derived import spike_table  # noqa: E402
-from keras_memwatch.probes.base import Probe  # noqa: E402
-from keras_memwatch.recorder import Recorder  # noqa: E402
-from keras_memwatch.spikes import SpikeMonitor  # noqa: E402
+from keras_memwatch.judge.derived import spike_table  # noqa: E402
+from keras_memwatch.record.probes.base import Probe  # noqa: E402
+from keras_memwatch.record.recorder import Recorder  # noqa: E402
+from keras_memwatch.judge.spikes import SpikeMonitor  # noqa: E402
 
 
 def _gpu_present() -> bool:

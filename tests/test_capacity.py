@@ -14,8 +14,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_module_imports_no_framework():
-    code = ("import sys, keras_memwatch.capacity, keras_memwatch.fit_check, "
-            "keras_memwatch.guard; "
+    code = ("import sys, keras_memwatch.capacity, keras_memwatch.cli.fit_check, "
+            "keras_memwatch.explain.guard; "
             "print(sorted(m for m in ('keras', 'jax', 'torch', 'tensorflow') "
             "if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -35,7 +35,7 @@ def fit(watch, epochs=1):
 def second_of_two(monkeypatch):
     """This process is process 1 of 2, as `ranks` would find it under
     `jax.distributed`, `TF_CONFIG` or `torch.distributed`."""
-    monkeypatch.setattr("keras_memwatch.ranks.process_index_and_count", lambda: (1, 2))
+    monkeypatch.setattr("keras_memwatch.configure.ranks.process_index_and_count", lambda: (1, 2))
     monkeypatch.setattr("keras_memwatch.callback.process_index_and_count",
                         lambda: (1, 2))
 

@@ -21,7 +21,7 @@ MIB = 2**20
 
 
 def test_the_seed_model_records_allocator_nvml_and_process_memory():
-    from keras_memwatch.demo import SEED, build_model
+    from keras_memwatch.cli.demo import SEED, build_model
 
     model = build_model(SEED)
     x = np.random.default_rng(0).normal(size=(256, *SEED.input_shape)).astype("float32")

@@ -17,7 +17,7 @@ import pytest
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "memwatch_tour.ipynb"
 
-# The tour's model (keras_memwatch.demo.SMALL), by hand:
+# The tour's model (keras_memwatch.cli.demo.SMALL), by hand:
 #   Conv2D 1 -> 32, 3x3:   3*3*1*32 + 32   =       320
 #   Conv2D 32 -> 32, 3x3:  3*3*32*32 + 32  =     9,248  (x3)
 #   Dense 64*64*32 -> 32:  131072*32 + 32  = 4,194,336

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import FakeProbe, tiny_data, tiny_model
 from keras_memwatch import MemWatch, load_log
-from keras_memwatch.probes.base import Probe
+from keras_memwatch.record.probes.base import Probe
 
 PACKAGE = pathlib.Path(__file__).parent.parent / "keras_memwatch"
 

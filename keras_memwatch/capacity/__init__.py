@@ -15,7 +15,7 @@ are put back bit for bit afterwards.
 How a step's working memory is measured, per device (`method="auto"`):
 
 - JAX on a GPU (`"xla"`): XLA's own memory plan of the compiled train step
-  (see `keras_memwatch.xla_plan`): arguments + outputs - donated +
+  (see `keras_memwatch.judge.xla_plan`): arguments + outputs - donated +
   temporaries, less the training state, which is already in memory, plus
   the batches a `fit` holds on the device ahead of the running step
   (Keras sends the next one ahead and its loop dispatches steps ahead of

@@ -56,7 +56,7 @@ from keras_memwatch.capacity.fresh_process import (
 )
 from keras_memwatch.capacity.meter import Meter
 from keras_memwatch.capacity.result import LIMIT_ALLOCATOR, CapacityEstimate, Trial
-from keras_memwatch.oom import is_oom_error
+from keras_memwatch.explain.oom import is_oom_error
 from keras_memwatch.units import MIB, format_bytes
 
 logger = logging.getLogger("keras_memwatch")

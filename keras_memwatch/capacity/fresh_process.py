@@ -195,12 +195,12 @@ def load_batch(directory: str) -> tuple[Any, Any]:
 
 def train_fresh(directory: str, size: int, limit_bytes: int) -> tuple[int, dict]:
     """The child's work: limit, load, train. Returns `(exit status, report)`."""
-    from keras_memwatch.config import configure_memory
+    from keras_memwatch.configure import configure_memory
 
     configure_memory(memory_limit_mb=limit_bytes / MIB, devices=[0])
     import keras
 
-    from keras_memwatch.oom import is_oom_error
+    from keras_memwatch.explain.oom import is_oom_error
 
     model = keras.saving.load_model(os.path.join(directory, "model.keras"))
     x, y = load_batch(directory)

@@ -15,7 +15,7 @@ from keras_memwatch.capacity import xla_compile
 from keras_memwatch.capacity.batches import Batches
 from keras_memwatch.capacity.fit import fit_linear, line_through
 from keras_memwatch.capacity.meter import Meter
-from keras_memwatch.oom import is_oom_error
+from keras_memwatch.explain.oom import is_oom_error
 from keras_memwatch.units import format_bytes
 
 logger = logging.getLogger("keras_memwatch")

@@ -14,8 +14,8 @@ from keras_memwatch.capacity import collector, xla_compile
 from keras_memwatch.capacity.allocator import STEPS_PER_SIZE, TorchCache, torch_cache
 from keras_memwatch.capacity.host_memory import host_available_bytes
 from keras_memwatch.capacity.result import LIMIT_ALLOCATOR, LIMIT_HOST, LIMIT_NVML
-from keras_memwatch.derived import device_limit
-from keras_memwatch.devices import device_label
+from keras_memwatch.judge.derived import device_limit
+from keras_memwatch.configure.devices import device_label
 from keras_memwatch.units import format_bytes
 
 logger = logging.getLogger("keras_memwatch")
@@ -60,8 +60,8 @@ class Meter:
     """
 
     def __init__(self, backend: str, device: Optional[str], method: str):
-        from keras_memwatch.probes import resolve_probes
-        from keras_memwatch.sampler import Sampler
+        from keras_memwatch.record.probes import resolve_probes
+        from keras_memwatch.record.sampler import Sampler
 
         self.backend = backend
         wanted = None if device is None else device_label(device, "device")

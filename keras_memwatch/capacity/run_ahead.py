@@ -27,11 +27,11 @@ import math
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
-from keras_memwatch import xla_plan
+from keras_memwatch.judge import xla_plan
 from keras_memwatch.capacity.batches import Batches, repeated
 from keras_memwatch.capacity.model_state import ModelState
 from keras_memwatch.capacity.result import CapacityEstimate
-from keras_memwatch.devices import gpu_index
+from keras_memwatch.configure.devices import gpu_index
 
 logger = logging.getLogger("keras_memwatch")
 

@@ -1,7 +1,7 @@
 """XLA's memory plan of the train step at many batch sizes, side by side.
 
 Each size is one compilation of Keras's jitted train step for that input
-shape (`keras_memwatch.xla_plan`): traced and lowered here, one at a time
+shape (`keras_memwatch.judge.xla_plan`): traced and lowered here, one at a time
 (tracing runs Python), then compiled on a pool of threads, since XLA's
 compiler releases the GIL. A size `fit` already compiled comes from JAX's
 cache. On a GPU, where most of a compilation as `fit` makes it is
@@ -27,8 +27,8 @@ import time
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
-from keras_memwatch import xla_plan
-from keras_memwatch.oom import is_oom_error
+from keras_memwatch.judge import xla_plan
+from keras_memwatch.explain.oom import is_oom_error
 
 logger = logging.getLogger("keras_memwatch")
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from keras_memwatch import columns as C
 from keras_memwatch.capacity.allocator import read_settings
-from keras_memwatch.probes.base import Probe
+from keras_memwatch.record.probes.base import Probe
 
 MIB = 2**20
 GIB = 2**30
@@ -122,7 +122,7 @@ class _Held:
 def simulate_gpu(monkeypatch, model, **kwargs):
     """Replaces the probes with a simulated GPU driven by train_on_batch."""
     gpu = SimulatedGpu(**kwargs)
-    monkeypatch.setattr("keras_memwatch.probes.resolve_probes",
+    monkeypatch.setattr("keras_memwatch.record.probes.resolve_probes",
                         lambda spec, backend: [gpu])
     original = model.train_on_batch
 
@@ -249,7 +249,7 @@ def fake_plans(monkeypatch, working_bytes):
     Returns:
         The sizes planned, in order.
     """
-    from keras_memwatch import xla_plan
+    from keras_memwatch.judge import xla_plan
     from keras_memwatch.capacity import xla_compile
 
     planned = []

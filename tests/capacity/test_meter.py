@@ -8,10 +8,10 @@ import pytest
 
 from capacity_helpers import BACKEND, GIB, MIB, SimulatedGpu, simulate_gpu, tiny
 from keras_memwatch import columns as C
-from keras_memwatch import xla_plan
+from keras_memwatch.judge import xla_plan
 from keras_memwatch.capacity import LIMIT_NVML, estimate_max_batch_size
 from keras_memwatch.capacity.meter import Meter
-from keras_memwatch.probes.base import Probe
+from keras_memwatch.record.probes.base import Probe
 
 
 @pytest.fixture
@@ -77,7 +77,7 @@ class SimulatedNvml(Probe):
 
 def test_without_an_allocator_limit_the_limit_is_nvml_total(monkeypatch):
     gpu = SimulatedGpu(BACKEND, limit=None)
-    monkeypatch.setattr("keras_memwatch.probes.resolve_probes",
+    monkeypatch.setattr("keras_memwatch.record.probes.resolve_probes",
                         lambda spec, backend: [gpu, SimulatedNvml()])
     meter = Meter(BACKEND, None, "probes")
     try:
@@ -92,7 +92,7 @@ def test_without_an_allocator_limit_the_limit_is_nvml_total(monkeypatch):
 
 def test_a_device_must_be_named_and_computed_on(monkeypatch):
     gpu = SimulatedGpu(BACKEND)
-    monkeypatch.setattr("keras_memwatch.probes.resolve_probes",
+    monkeypatch.setattr("keras_memwatch.record.probes.resolve_probes",
                         lambda spec, backend: [gpu])
     with pytest.raises(ValueError, match="Expected `device` to be 'GPU:<i>' or "
                                          "'host'. Received: device='tpu:0'"):

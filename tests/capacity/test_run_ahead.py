@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from capacity_helpers import BACKEND, GIB, MIB
-from keras_memwatch import xla_plan
+from keras_memwatch.judge import xla_plan
 from keras_memwatch.capacity import CapacityEstimate, run_ahead
 from keras_memwatch.capacity.batches import Batches
 from keras_memwatch.capacity.result import LIMIT_ALLOCATOR

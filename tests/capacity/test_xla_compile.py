@@ -223,7 +223,7 @@ def test_a_closed_bracket_of_small_sizes_closes_in_one_more_round():
 
 
 def test_each_size_compiles_as_soon_as_it_is_lowered_the_largest_first(monkeypatch):
-    from keras_memwatch import xla_plan
+    from keras_memwatch.judge import xla_plan
     from keras_memwatch.capacity.xla_compile import Planner
 
     events = []
@@ -253,7 +253,7 @@ def test_a_second_search_compiles_only_new_sizes_and_counts_the_batches_ahead_an
     compiled again, and every plan carries the new count."""
     import numpy as np
 
-    from keras_memwatch import xla_plan
+    from keras_memwatch.judge import xla_plan
     from keras_memwatch.capacity.xla_compile import Planner
 
     compiled = []
@@ -287,7 +287,7 @@ def test_where_xla_refuses_the_aiming_options_a_round_still_returns_every_plan(
     the sizes compiled before it."""
     import numpy as np
 
-    from keras_memwatch import xla_plan
+    from keras_memwatch.judge import xla_plan
     from keras_memwatch.capacity.xla_compile import Planner
 
     def lower_step(model, sample, size, batches_ahead=16):
@@ -317,7 +317,7 @@ def test_where_xla_refuses_the_aiming_options_a_round_still_returns_every_plan(
 
 
 def test_one_plan_aims_without_autotuning_where_xla_takes_the_option(monkeypatch):
-    from keras_memwatch import xla_plan
+    from keras_memwatch.judge import xla_plan
     from keras_memwatch.capacity import xla_compile
 
     options = []

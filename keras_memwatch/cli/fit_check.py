@@ -1,0 +1,286 @@
+"""`python -m keras_memwatch fit-check --model MODULE:FUNCTION`: what fits?
+
+Loads the user's function (it returns a compiled model and a sample
+batch), prints where the memory goes and `estimate_max_batch_size`'s
+answer. Imports no framework until it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import pkgutil
+import sys
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
+
+from keras_memwatch.capacity import (
+    HOST,
+    METHODS,
+    CapacityEstimate,
+    estimate_max_batch_size,
+    sizes_text,
+)
+from keras_memwatch.units import format_bytes
+
+__all__ = ["add_fit_check_arguments", "fit_check_main", "run_fit_check"]
+
+
+def _sizes_arg(text: str) -> list[int]:
+    try:
+        sizes = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated batch sizes, got {text!r}") from None
+    if len(set(sizes)) < 3 or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected at least three distinct positive sizes, got {text!r}")
+    return sizes
+
+
+def fraction(text: str) -> float:
+    """`--headroom`: a number in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a fraction in [0, 1) such as 0.1, got {text!r}")
+    return value
+
+
+def device_name(text: str) -> str:
+    """`--device`: `GPU:<i>` (or `gpu:<i>`, `cuda:<i>`) or `host`."""
+    from keras_memwatch.configure.devices import device_label
+
+    try:
+        return device_label(text, "device")
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected GPU:<i> (such as GPU:0) or host, got {text!r}") from None
+
+
+def add_fit_check_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the `fit-check` options to a parser (the sub-command's own).
+
+    Args:
+        parser: the parser of the `fit-check` sub-command.
+
+    Returns:
+        The same parser.
+    """
+    parser.add_argument(
+        "--model", required=True, metavar="MODULE:FUNCTION",
+        help="a function returning (compiled model, (x, y)) or (compiled model, x): "
+             "MODULE is imported from the current directory or sys.path (or a "
+             "path to a .py file)")
+    parser.add_argument("--backend", choices=("tensorflow", "jax", "torch"),
+                        help="Keras backend (default: Keras's own choice: "
+                             "$KERAS_BACKEND, else keras.json, else tensorflow)")
+    parser.add_argument("--headroom", type=fraction, default=0.1,
+                        help="fraction of the limit to keep free (default: 0.1)")
+    parser.add_argument("--device", type=device_name,
+                        help="GPU:<i> or host (default: the first GPU, "
+                             "else the host)")
+    parser.add_argument("--trial-sizes", type=_sizes_arg, metavar="B1,B2,B3,...",
+                        help="batch sizes to measure (default: an adaptive ladder)")
+    parser.add_argument("--method", choices=METHODS, default="auto",
+                        help="how a step's memory is measured (default: auto)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the estimate as JSON instead of text")
+    return parser
+
+
+def _load_function(spec: str) -> Callable[[], Any]:
+    """The function `spec` names: `module:function` or `path/to/file.py:function`.
+
+    Raises:
+        ValueError: for a spec of another form, or a module without the
+            function.
+        ImportError: when the module cannot be imported.
+    """
+    module_name, sep, function_name = spec.rpartition(":")
+    if not sep or not module_name or not function_name:
+        raise ValueError(f"expected --model MODULE:FUNCTION, got {spec!r}")
+    if module_name.endswith(".py") or os.sep in module_name:
+        function = getattr(_load_file(module_name), function_name, None)
+    else:
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            function = pkgutil.resolve_name(spec)
+        except AttributeError:
+            if module_name not in sys.modules:  # raised while importing it
+                raise
+            function = None
+    if not callable(function):
+        raise ValueError(f"{module_name} has no function {function_name!r}")
+    return function
+
+
+def _load_file(path: str) -> Any:
+    """Imports a `.py` file as a module named after it."""
+    path = os.path.abspath(path)
+    name = os.path.splitext(os.path.basename(path))[0]
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def _unpack(returned: Any) -> tuple[Any, Any, Any]:
+    """(model, x, y) from what the user's function returned."""
+    if not isinstance(returned, (tuple, list)) or len(returned) != 2:
+        raise ValueError(
+            "expected the function to return (compiled model, (x, y)) or "
+            f"(compiled model, x); got {type(returned).__name__}")
+    model, batch = returned
+    if isinstance(batch, dict) and "x" in batch:
+        return model, batch["x"], batch.get("y")
+    if isinstance(batch, (tuple, list)) and len(batch) in (1, 2):
+        return model, batch[0], batch[1] if len(batch) == 2 else None
+    return model, batch, None
+
+
+def _breakdown_text(model: Any, estimate: CapacityEstimate) -> str:
+    from keras_memwatch.explain.breakdown import format_breakdown, memory_breakdown
+    from keras_memwatch.record.recorder import empty_frame
+
+    b = memory_breakdown(model, empty_frame())
+    b["notes"] = [n for n in b.get("notes", ()) if "no training samples" not in n]
+    lines = format_breakdown(b).splitlines()
+    device = estimate.device
+    if estimate.in_use_bytes is not None:
+        lines.append(f"  in use before a step:  "
+                     f"{format_bytes(estimate.in_use_bytes)} on "
+                     f"{device} (weights, optimizer state, framework runtime"
+                     + (", the Python process" if device == HOST else "") + ")")
+    if estimate.per_sample_bytes is not None and estimate.step_static_bytes is not None:
+        lines.append(
+            f"  step working memory:   {format_bytes(estimate.step_static_bytes)} + "
+            f"{format_bytes(estimate.per_sample_bytes)} per sample (fitted at batch "
+            f"sizes {sizes_text(estimate.fit_batch_sizes)})")
+    return "\n".join(lines)
+
+
+def run_fit_check(args: argparse.Namespace) -> int:
+    """Runs `fit-check` with parsed arguments (see `add_fit_check_arguments`).
+
+    Returns:
+        `0` with a prediction, `3` when none could be made, `2` for a bad
+        `--model`, `--device` or `--method`, or a backend whose framework
+        is not installed, `1` when the model function failed.
+    """
+    from keras_memwatch.configure.backend_choice import chosen_backend, import_keras
+
+    backend, source = chosen_backend(args.backend)
+    if args.backend:
+        if "keras" in sys.modules:
+            import keras
+
+            if keras.backend.backend() != args.backend:
+                print(f"error: Keras is already imported with the "
+                      f"{keras.backend.backend()} backend", file=sys.stderr)
+                return 2
+        os.environ["KERAS_BACKEND"] = args.backend
+    # Keras first: a missing framework is the backend's problem, not the model's.
+    missing = import_keras(backend, source)
+    if missing:
+        print(f"error: {missing}", file=sys.stderr)
+        return 2
+    import keras
+
+    if not args.json:
+        print(f"Keras backend: {keras.backend.backend()} ({source})", flush=True)
+    try:
+        function = _load_function(args.model)
+    except (ValueError, ImportError, OSError) as e:
+        print(f"error: cannot load --model {args.model}: {e}", file=sys.stderr)
+        return 2
+    try:
+        returned = function()
+    except Exception:
+        import traceback
+
+        traceback.print_exc()
+        print(f"error: {args.model} raised", file=sys.stderr)
+        return 1
+    try:
+        model, x, y = _unpack(returned)
+    except ValueError as e:
+        print(f"error: {args.model}: {e}", file=sys.stderr)
+        return 2
+    problem = _device_problem(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    estimate = estimate_max_batch_size(
+        model, x, y, trial_sizes=args.trial_sizes, device=args.device,
+        headroom=args.headroom, method=args.method)
+    if args.json:
+        print(json.dumps(estimate.to_dict(), indent=2))
+    else:
+        print(f"keras_memwatch fit-check: {args.model} (backend "
+              f"{keras.backend.backend()}, {estimate.device})\n")
+        print(_breakdown_text(model, estimate))
+        print()
+        print(estimate)
+        print()
+        if estimate.predicted_batch_size is None:
+            print("Predicted largest batch: none (see above)")
+        else:
+            print(f"Predicted largest batch: {estimate.predicted_batch_size}")
+    return 0 if estimate.predicted_batch_size is not None else 3
+
+
+def _device_problem(args: argparse.Namespace) -> Optional[str]:
+    """Why `--device` / `--method` cannot be measured here, or `None`.
+
+    Checked after the user's function ran, so a `configure_memory` call in
+    it still comes before the framework's runtime starts.
+    """
+    import keras
+
+    from keras_memwatch.capacity.meter import Meter
+
+    try:
+        Meter(keras.backend.backend(), args.device, args.method).close()
+    except ValueError as e:
+        if args.device is not None and "`device`" in str(e):
+            return f"--device {args.device}: {e}"
+        return f"--method {args.method}: {e}"
+    return None
+
+
+def fit_check_main(argv: Optional[Sequence[str]] = None) -> int:
+    """`keras-memwatch fit-check`: what fits, before launching a job.
+
+    Args:
+        argv: the arguments after `fit-check`. Defaults to `None`
+            (`sys.argv[1:]`).
+
+    Returns:
+        The exit code (see `run_fit_check`).
+
+    Example:
+
+    ```
+    python -m keras_memwatch fit-check --model my_model:build
+    ```
+    """
+    parser = argparse.ArgumentParser(
+        prog="keras-memwatch fit-check",
+        description="Trains a few small batches of your model, fits its memory "
+                    "per sample, and predicts the largest batch that fits.")
+    add_fit_check_arguments(parser)
+    return run_fit_check(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(fit_check_main())

@@ -1,0 +1,140 @@
+"""The arguments of `configure_memory`: their checks, and the GPU selection.
+
+Arguments are checked before any framework is imported. Each backend then
+receives a `Request` and checks it against the GPUs it finds (`select`,
+`check_limit_fits`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Sequence
+from typing import Any, Optional
+
+from keras_memwatch.configure.devices import gpu_index
+from keras_memwatch.units import MIB
+
+_CALL_FIRST = (
+    "Call `keras_memwatch.configure_memory(...)` (or construct "
+    "`MemWatch(allow_growth=..., memory_limit_mb=...)`) first thing in your "
+    "program, before building any model or creating any tensor"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """The checked arguments of one `configure_memory` call."""
+
+    allow_growth: Optional[bool]
+    memory_limit_mb: Optional[float]
+    limit_bytes: Optional[int]
+    selection: Optional[tuple[int, ...]]  # GPU indices; None for all
+    devices_arg: Any  # `devices` as received, for messages
+
+
+def check_arguments(
+    allow_growth: Any, memory_limit_mb: Any, devices: Any
+) -> tuple[Optional[int], Optional[tuple[int, ...]]]:
+    """Validates the arguments; returns the cap in bytes and GPU indices.
+
+    Raises:
+        TypeError: for an argument of the wrong type.
+        ValueError: for a cap that is not positive, or `devices` that
+            name no GPU.
+    """
+    if allow_growth is not None and not isinstance(allow_growth, bool):
+        raise TypeError(
+            "Expected `allow_growth` to be True, False or None. "
+            f"Received: allow_growth={allow_growth!r}"
+        )
+    limit_bytes = None if memory_limit_mb is None else _limit_bytes(memory_limit_mb)
+    selection = None if devices is None else _gpu_indices(devices)
+    return limit_bytes, selection
+
+
+def _limit_bytes(memory_limit_mb: Any) -> int:
+    """`memory_limit_mb` in bytes, checked."""
+    if isinstance(memory_limit_mb, bool) or not isinstance(
+        memory_limit_mb, numbers.Real
+    ):
+        raise TypeError(
+            "Expected `memory_limit_mb` to be a positive number or None. "
+            f"Received: memory_limit_mb={memory_limit_mb!r}"
+        )
+    if not math.isfinite(memory_limit_mb) or memory_limit_mb <= 0:
+        raise ValueError(
+            "Expected `memory_limit_mb` to be a positive number. "
+            f"Received: memory_limit_mb={memory_limit_mb!r}"
+        )
+    limit_bytes = int(memory_limit_mb * MIB)
+    if limit_bytes < 1:
+        raise ValueError(
+            "Expected `memory_limit_mb` to be at least one byte. "
+            f"Received: memory_limit_mb={memory_limit_mb!r}"
+        )
+    return limit_bytes
+
+
+def _gpu_indices(devices: Any) -> tuple[int, ...]:
+    """The GPU indices `devices` names, in order, without repeats."""
+    if isinstance(devices, (str, numbers.Integral)) and not isinstance(devices, bool):
+        devices = [devices]
+    if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence):
+        raise TypeError(
+            "Expected `devices` to be None or a list of GPU indices or names "
+            f"such as 'GPU:0'. Received: devices={devices!r}"
+        )
+    if not devices:
+        raise ValueError(
+            "Expected `devices` to select at least one GPU, or None for all. "
+            f"Received: devices={devices!r}"
+        )
+    indices: list[int] = []
+    for item in devices:
+        index = gpu_index(item, "devices")
+        if index not in indices:
+            indices.append(index)
+    return tuple(indices)
+
+
+def select(request: Request, count: int) -> list[int]:
+    """The GPU indices to configure, checked against the `count` available."""
+    selection, devices_arg = request.selection, request.devices_arg
+    if selection is None:
+        return list(range(count))
+    unknown = [i for i in selection if i >= count]
+    if unknown:
+        raise ValueError(
+            "Unknown GPU(s) in `devices`: "
+            f"{[f'GPU:{i}' for i in unknown]}. Available: "
+            f"{[f'GPU:{i}' for i in range(count)]}. Received: "
+            f"devices={devices_arg!r}"
+        )
+    return list(selection)
+
+
+def check_limit_fits(
+    limit_bytes: Optional[int],
+    memory_limit_mb: Optional[float],
+    totals: dict[int, Optional[int]],
+) -> None:
+    """Raises `ValueError` when the cap exceeds a GPU's known total memory."""
+    if limit_bytes is None:
+        return
+    for index, total in totals.items():
+        if total is not None and limit_bytes > total:
+            raise ValueError(
+                "Expected `memory_limit_mb` to be at most the memory of each "
+                f"selected GPU; GPU:{index} has {total / MIB:.0f} MiB. "
+                f"Received: memory_limit_mb={memory_limit_mb!r}"
+            )
+
+
+def too_late(what: str, detail: str, why: str) -> RuntimeError:
+    """The error for settings asked for after the framework has started."""
+    return RuntimeError(
+        f"configure_memory was called after {what}, so {detail} can no longer "
+        f"take effect: {why}. {_CALL_FIRST}."
+    )

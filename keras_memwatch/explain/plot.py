@@ -1,0 +1,374 @@
+"""The picture: memory over the steps of a fit, one panel per device.
+
+Each panel shows, in MiB against the step (one per sampled batch): the peak
+during each step, the memory in use after it, the usual range the spike
+detector expected (from the memory in use before a step up to its
+baseline), the spikes, the epoch starts, validation, and the device's limit
+where a source reports one. Every artist carries one of the labels below,
+which the legend shows and tests look up.
+
+A record of several processes (`load_log("mem.rank*.csv")`) gets one panel
+per process and device, titled "process N on HOST, DEVICE"; beyond
+`MAX_PANELS` panels, or drawn into one given `Axes`, one panel per device
+with a peak line per process instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Optional, Union
+
+import numpy as np
+import pandas as pd
+
+from keras_memwatch import columns as C
+from keras_memwatch.files import open_new
+from keras_memwatch.judge.derived import (in_use_before, limit_of, main_device, peaks_from_plan,
+                                    spikes_from_frame)
+from keras_memwatch.units import MIB, format_bytes
+
+logger = logging.getLogger("keras_memwatch")
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+LABEL_PEAK = "peak during step"
+LABEL_PLANNED_PEAK = "planned peak (in use before + XLA plan)"
+LABEL_RESERVED = "reserved by the allocator"
+LABEL_IN_USE = "in use after step"
+LABEL_BASELINE = "usual range (baseline)"
+LABEL_SPIKE = "spike"
+LABEL_LIMIT = "device limit"
+LABEL_EPOCH = "epoch start"
+LABEL_VALIDATION = "validation"
+
+_MAX_NOTES = 10  # spikes annotated with their epoch and batch
+
+#: Most panels (processes x devices) drawn one by one; beyond, one panel per
+#: device with a line per process.
+MAX_PANELS = 16
+
+
+def _pyplot() -> Any:
+    """Imports pyplot (which picks Agg by itself on a headless machine)."""
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError(
+            "Plotting needs matplotlib: pip install matplotlib "
+            "(or pip install 'keras-memwatch[plot]')") from None
+    return plt
+
+
+def _mib(values: pd.Series) -> Any:
+    return values.astype("float64").to_numpy() / MIB
+
+
+def _draw(ax: Any, rows: pd.DataFrame, spikes: pd.DataFrame, device: str,
+          title: str = "") -> None:
+    rows = rows.sort_values("step")
+    step = rows["step"].to_numpy()
+    ax.fill_between(step, _mib(in_use_before(rows)), _mib(rows["baseline_bytes"]),
+                    facecolor="tab:green", alpha=0.25, edgecolor="tab:green",
+                    linewidth=0.6, label=LABEL_BASELINE)
+    ax.plot(step, _mib(rows["peak_bytes"]), color="tab:red", linewidth=1.2,
+            label=LABEL_PLANNED_PEAK if peaks_from_plan(rows, device) else LABEL_PEAK)
+    ax.plot(step, _mib(rows["current_bytes"]), color="tab:blue", linewidth=1.2,
+            label=LABEL_IN_USE)
+    if rows[C.ALLOCATOR_RESERVED].notna().any():
+        ax.plot(step, _mib(rows[C.ALLOCATOR_RESERVED]), color="tab:gray",
+                linewidth=1, linestyle="--", label=LABEL_RESERVED)
+    mine = spikes[spikes["device"].astype(str) == device] if len(spikes) else spikes
+    if len(mine):
+        x, y = mine["step"].to_numpy(), _mib(mine["peak_bytes"])
+        ax.scatter(x, y, marker="v", s=60, color="black", zorder=5,
+                   label=f"{LABEL_SPIKE} ({len(mine)})")
+        for i, ((_, e), xi, yi) in enumerate(zip(mine.iterrows(), x, y)):
+            if i >= _MAX_NOTES:
+                break
+            ax.annotate(f"e{e['epoch']} b{e['batch']}", (xi, yi),
+                        textcoords="offset points", xytext=(0, 7),
+                        ha="center", fontsize=7)
+    train = rows[rows["phase"] == "train"]
+    starts = train.groupby("epoch")["step"].min().sort_index().to_numpy()[1:]
+    if len(starts):
+        ax.vlines(starts, 0, 1, transform=ax.get_xaxis_transform(),
+                  colors="gray", linestyles=":", linewidth=1, label=LABEL_EPOCH)
+    test = rows["phase"] == "test"
+    if test.any():
+        runs = (test != test.shift()).cumsum()[test]
+        for i, (_, run) in enumerate(rows[test].groupby(runs)):
+            ax.axvspan(run["step"].min() - 0.5, run["step"].max() + 0.5,
+                       color="gray", alpha=0.12, linewidth=0,
+                       label=LABEL_VALIDATION if i == 0 else "_nolegend_")
+    top = limit_of(rows)
+    peak = rows["peak_bytes"].dropna()
+    high = max(float(peak.max()) if len(peak) else 0.0,
+               float(rows["current_bytes"].max()) if rows["current_bytes"].notna().any()
+               else 0.0)
+    ax.set_ylim(0, high / MIB * 1.15 or 1)
+    if top is not None:
+        label = f"{LABEL_LIMIT} {format_bytes(top)}"
+        if top <= 2.5 * high:
+            ax.set_ylim(0, max(top, high) / MIB * 1.08)
+        else:  # keep the steps readable; say where the limit is
+            label += f"\n(above the chart; headroom {format_bytes(top - high)})"
+        ax.axhline(top / MIB, color="black", linestyle="--", linewidth=1,
+                   label=label)
+    ax.set_title(f"{title}{device}: peak "
+                 f"{format_bytes(int(peak.max())) if len(peak) else 'n/a'}",
+                 fontsize=10, loc="left")
+    ax.set_ylabel("MiB")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
+              borderaxespad=0)
+
+
+def plot_memory(
+    frame: pd.DataFrame,
+    spikes: Optional[pd.DataFrame] = None,
+    path: Optional[PathLike] = None,
+    ax: Any = None,
+) -> Any:
+    """Draws memory over the steps of a fit, one panel per device (and per
+    process, for the record of several processes).
+
+    Works headless (Agg is chosen when there is no display and no backend
+    was picked).
+
+    Args:
+        frame: the record (`MemWatch.to_dataframe()` or `load_log(...)`).
+        spikes: the spike table (`MemWatch.spikes` or
+            `derived.spikes_from_frame`). Defaults to `None`: derived from
+            `frame`, per process. With several processes, a table without a
+            `process` column is ignored and derived per process too.
+        path: save the figure there; the format follows the extension
+            (`.png`, `.svg`, `.pdf`). Defaults to `None`.
+        ax: a matplotlib `Axes` to draw into (the first accelerator's
+            panel, or the host's without one; with several processes, that
+            device's peak per process), or one `Axes` per panel. Defaults
+            to `None`: a new figure.
+
+    Returns:
+        The matplotlib `Figure`.
+
+    Raises:
+        ImportError: without matplotlib.
+        ValueError: when `ax` is a sequence whose length is not the number
+            of panels.
+    """
+    from keras_memwatch.explain.report import process_groups
+
+    groups = process_groups(frame)
+    if len(groups) > 1:
+        return _plot_processes(groups, spikes, path, ax)
+    if spikes is None:
+        spikes = spikes_from_frame(frame)
+    devices = _devices(frame)
+    if ax is None:
+        fig, axes = _figure(len(devices))
+    elif not hasattr(ax, "plot"):  # a list or array of Axes
+        axes, fig = _given_axes(ax, devices)
+    else:
+        _pyplot()
+        if len(devices) > 1:
+            main = main_device(devices)
+            logger.info("plot: one Axes given; drawing %s only (not %s)", main,
+                        ", ".join(d for d in devices if d != main))
+            devices = [main]
+        axes, fig = [ax], ax.figure
+    if not devices:
+        axes[0].text(0.5, 0.5, "no samples recorded", ha="center", va="center",
+                     transform=axes[0].transAxes)
+    for axis, device in zip(axes, devices):
+        _draw(axis, frame[frame["device"].astype(str) == device], spikes, device)
+    return _finish(fig, axes, path)
+
+
+def _devices(frame: pd.DataFrame) -> list[str]:
+    return [str(d) for d in pd.unique(frame["device"].astype(str))] if len(frame) else []
+
+
+def _figure(panels: int) -> tuple[Any, list]:
+    plt = _pyplot()
+    fig, axes = plt.subplots(max(panels, 1), 1, squeeze=False, sharex=True,
+                             figsize=(11, 1.0 + 3.0 * max(panels, 1)))
+    fig.suptitle("Memory per training step (keras_memwatch)", fontsize=11)
+    return fig, list(axes[:, 0])
+
+
+def _given_axes(ax: Any, panels: list[str], noun: str = "device") -> tuple[list, Any]:
+    _pyplot()
+    axes = list(np.ravel(ax))
+    if len(axes) != len(panels):
+        raise ValueError(
+            f"Expected one Axes per {noun} ({', '.join(panels)}). "
+            f"Received: {len(axes)} Axes")
+    return axes, axes[0].figure
+
+
+def _finish(fig: Any, axes: list, path: Optional[PathLike]) -> Any:
+    axes[-1].set_xlabel("step (one per sampled batch)")
+    if path is not None:
+        fig.savefig(os.fspath(path), dpi=110, bbox_inches="tight")
+    return fig
+
+
+def _spikes_of(rows: pd.DataFrame, spikes: Optional[pd.DataFrame]) -> pd.DataFrame:
+    """One process's spikes: the given table's rows of that process where
+    the table says which process each row is, else replayed from `rows`."""
+    if spikes is not None and "process" in spikes.columns:
+        return spikes[spikes["process"] == rows["process"].iloc[0]]
+    return spikes_from_frame(rows)
+
+
+def _plot_processes(groups: list, spikes: Optional[pd.DataFrame],
+                    path: Optional[PathLike], ax: Any) -> Any:
+    """Several processes: a panel per process and device, or per device
+    with a line per process."""
+    panels = [(label, rows, device) for label, rows in groups
+              for device in _devices(rows)]
+    names = [f"{label}, {device}" for label, _, device in panels]
+    overlay = ax is not None and hasattr(ax, "plot")
+    if ax is None and len(panels) > MAX_PANELS:
+        overlay = True
+    if not overlay:
+        if ax is None:
+            fig, axes = _figure(len(panels))
+        else:
+            axes, fig = _given_axes(ax, names, "process and device")
+        for axis, (label, rows, device) in zip(axes, panels):
+            _draw(axis, rows[rows["device"].astype(str) == device],
+                  _spikes_of(rows, spikes), device, title=f"{label}, ")
+        return _finish(fig, axes, path)
+    devices = list(dict.fromkeys(device for _, _, device in panels))
+    if ax is None:
+        fig, axes = _figure(len(devices))
+    else:
+        _pyplot()
+        main = main_device(devices)
+        if len(devices) > 1:
+            logger.info("plot: one Axes given; drawing %s only (not %s)", main,
+                        ", ".join(d for d in devices if d != main))
+        devices, axes, fig = [main], [ax], ax.figure
+    for axis, device in zip(axes, devices):
+        _draw_lines(axis, groups, spikes, device)
+    return _finish(fig, axes, path)
+
+
+def _draw_lines(ax: Any, groups: list, spikes: Optional[pd.DataFrame],
+                device: str) -> None:
+    """One device's peak per step, a line per process, spikes marked."""
+    high, marked = 0.0, 0
+    for label, rows in groups:
+        mine = rows[rows["device"].astype(str) == device].sort_values("step")
+        if mine.empty:
+            continue
+        peak = _mib(mine["peak_bytes"])
+        ax.plot(mine["step"].to_numpy(), peak, linewidth=1.0, label=label)
+        if np.isfinite(peak).any():
+            high = max(high, float(np.nanmax(peak)))
+        hit = _spikes_of(rows, spikes)
+        hit = hit[hit["device"].astype(str) == device] if len(hit) else hit
+        if len(hit):
+            ax.scatter(hit["step"].to_numpy(), _mib(hit["peak_bytes"]), marker="v",
+                       s=40, color="black", zorder=5,
+                       label="_nolegend_" if marked else LABEL_SPIKE)
+            marked += len(hit)
+    ax.set_ylim(0, high * 1.15 or 1)
+    ax.set_title(f"{device}: {LABEL_PEAK}, per process", fontsize=10, loc="left")
+    ax.set_ylabel("MiB")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7,
+              borderaxespad=0)
+
+
+# -- saving to a path the user gave -------------------------------------------
+
+
+def image_formats() -> dict[str, str]:
+    """Extension -> format name, of what matplotlib can write (needs
+    matplotlib)."""
+    _pyplot()
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return dict(FigureCanvasBase.get_supported_filetypes())
+
+
+def plot_path_problem(path: PathLike, overwrite: bool = False,
+                      argument: str = "--plot") -> Optional[str]:
+    """Why a figure cannot be saved at `path`, or `None`; checks before
+    anything is drawn, creates nothing.
+
+    Refused: no matplotlib; no extension or one matplotlib cannot write
+    (matplotlib would otherwise append `.png` to a bare name, or fail after
+    drawing); a folder; a missing or read-only folder; an existing file
+    unless `overwrite`.
+
+    Args:
+        path: where the figure is to go.
+        overwrite: an existing file may be replaced. Defaults to `False`.
+        argument: how the message names the path. Defaults to `"--plot"`.
+
+    Returns:
+        One sentence that names the argument and the fix, or `None`.
+    """
+    path = os.fspath(path)
+    try:
+        formats = image_formats()
+    except ImportError as e:
+        return f"{argument} needs matplotlib: {e}"
+    listed = ", ".join(f".{ext}" for ext in ("png", "svg", "pdf") if ext in formats)
+    stem, ext = os.path.splitext(path)
+    ext = ext[1:].lower()
+    if os.path.isdir(path):
+        return (f"{argument} {path} is a folder: give a file name, e.g. "
+                f"{argument} {os.path.join(path, 'memwatch.png')}")
+    if not ext:
+        return (f"{argument} {path} has no extension, so the format is unknown: "
+                f"add one ({listed}, ...), e.g. {argument} {path}.png")
+    if ext not in formats:
+        return (f"{argument} {path}: matplotlib cannot write .{ext} files; use "
+                f"{listed} or another of {', '.join(sorted(formats))}, e.g. "
+                f"{argument} {stem}.png")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return (f"{argument} {path}: the folder {os.path.dirname(path) or folder} "
+                "does not exist: create it first, or choose another path")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return (f"{argument} {path}: cannot write in {folder}: choose another "
+                "folder")
+    if os.path.lexists(path) and not overwrite:
+        return (f"{argument} {path} exists: pass --force to replace it, or "
+                "choose another path")
+    return None
+
+
+def save_figure(fig: Any, path: PathLike, overwrite: bool = False) -> str:
+    """Saves `fig` at exactly `path`, in the format its extension names.
+
+    The file is created exclusively unless `overwrite`, so an existing file
+    is never replaced by surprise, even one created after a check; a file
+    half-written by a failed save is removed.
+
+    Returns:
+        `path`, as a string.
+
+    Raises:
+        FileExistsError: `path` exists and `overwrite` is False.
+        ValueError: `path` has no extension matplotlib can write.
+        OSError: the file cannot be written.
+    """
+    path = os.fspath(path)
+    ext = os.path.splitext(path)[1][1:].lower()
+    if ext not in image_formats():
+        raise ValueError(f"Expected a path ending in an image format's extension "
+                         f"(.png, .svg, .pdf, ...). Received: {path!r}")
+    with open_new(path, overwrite, binary=True) as f:
+        try:
+            fig.savefig(f, format=ext, dpi=110, bbox_inches="tight")
+        except BaseException:
+            f.close()
+            os.remove(path)
+            raise
+    return path

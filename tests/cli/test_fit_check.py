@@ -1,0 +1,77 @@
+"""fit-check: what fits, asked from the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+
+from keras_memwatch.capacity import LIMIT_HOST
+
+BACKEND = keras.backend.backend()
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+MODEL_MODULE = textwrap.dedent("""
+    import keras
+    import numpy as np
+
+    def build():
+        model = keras.Sequential([
+            keras.Input((16, 16, 1)),
+            keras.layers.Conv2D(8, 3, padding="same", activation="relu"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(4),
+        ])
+        model.compile(optimizer="adam", loss="mse")
+        rng = np.random.default_rng(0)
+        return model, (rng.random((8, 16, 16, 1), dtype=np.float32),
+                       rng.random((8, 4), dtype=np.float32))
+""")
+
+
+def run_cli(tmp_path, *args, module="-m keras_memwatch.cli.fit_check"):
+    (tmp_path / "tiny_model_mod.py").write_text(MODEL_MODULE)
+    env = dict(os.environ, KERAS_BACKEND=BACKEND, TF_CPP_MIN_LOG_LEVEL="3",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, *module.split(), *args], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_fit_check_command_prints_breakdown_and_prediction(tmp_path):
+    done = run_cli(tmp_path, "--model", "tiny_model_mod:build",
+                   "--trial-sizes", "64,128,256,512")
+    assert done.returncode in (0, 3), done.stderr
+    out = done.stdout
+    assert f"fit-check: tiny_model_mod:build (backend {BACKEND}, host)" in out
+    assert "Where the memory went:" in out and "optimizer state:" in out
+    assert "in use before a step:" in out
+    assert "Predicted largest batch:" in out
+    assert ("host available memory" in out) or ("No prediction" in out)
+
+
+def test_fit_check_json(tmp_path):
+    done = run_cli(tmp_path, "--model", "tiny_model_mod:build", "--json",
+                   "--trial-sizes", "8,16,32")
+    assert done.returncode in (0, 3), done.stderr
+    result = json.loads(done.stdout)
+    assert [m[0] for m in result["measurements"]] == [8, 16, 32]
+    assert result["device"] == "host" and result["backend"] == BACKEND
+    assert result["limit_source"] == LIMIT_HOST
+
+
+def test_fit_check_rejects_a_bad_model_spec(tmp_path):
+    done = run_cli(tmp_path, "--model", "tiny_model_mod")
+    assert done.returncode == 2 and "MODULE:FUNCTION" in done.stderr
+    done = run_cli(tmp_path, "--model", "tiny_model_mod:nothing")
+    assert done.returncode == 2 and "no function" in done.stderr
+
+
+def test_fit_check_subcommand_of_the_package(tmp_path):
+    done = run_cli(tmp_path, "fit-check", "--model", "tiny_model_mod:build",
+                   "--trial-sizes", "8,16,32", module="-m keras_memwatch")
+    assert done.returncode in (0, 3), done.stderr
+    assert "Predicted largest batch:" in done.stdout
