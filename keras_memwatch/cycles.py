@@ -2,7 +2,7 @@
 
 Keras's PyTorch backend (3.15.1, the version measured) leaves each step's
 input batch, and some of its activations, in reference cycles
-(keras-team/keras#23110; `capacity.collector` says where they come from).
+(keras-team/keras#23110).
 Only Python's cyclic garbage collector frees them, at moments set by
 everything the process allocates, so device memory can pile up for many
 steps and a job dies at a size that trained its first epochs. On an H200

@@ -54,6 +54,15 @@ def non_negative(name: str, value: Any) -> float:
     return float(value)
 
 
+def fraction(name: str, value: Any) -> float:
+    """A number in [0, 1), such as a headroom."""
+    if not _is_number(value):
+        raise _fail(name, "a number in [0, 1), such as 0.1", value, TypeError)
+    if not 0 <= value < 1:  # also refuses NaN
+        raise _fail(name, "a number in [0, 1), such as 0.1", value)
+    return float(value)
+
+
 def boolean(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise _fail(name, "True or False", value, TypeError)

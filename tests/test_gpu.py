@@ -82,25 +82,26 @@ def test_data_parallel_over_two_gpus_flags_every_oversized_batch_on_both():
 
 
 @pytest.mark.skipif(keras.backend.backend() != "torch",
-                    reason="new-process trials are PyTorch's")
-def test_a_new_process_under_the_cap_trains_small_batches_and_fails_large_ones():
-    from keras_memwatch.capacity.batches import Batches
-    from keras_memwatch.capacity.fresh_process import FreshProcessSteps
+                    reason="jobs in new processes are PyTorch's")
+def test_a_job_in_a_new_process_under_the_cap_trains_small_batches_and_fails_large_ones(
+        tmp_path):
+    from keras_memwatch.capacity import fresh_process
 
     model = keras.Sequential([keras.Input((1024,)), keras.layers.Dense(1024),
                               keras.layers.Dense(10)])
     model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    x = np.ones((8, 1024), "float32")
-    y = np.zeros((8,), "int32")
-    trials, cap = [], 256 * MIB
-    steps, why = FreshProcessSteps.prepare(model, Batches(x, y), cap, 0, trials, print)
-    assert steps is not None, why
-    try:
-        ran = [steps.run(32, "boundary"),
-               steps.run(65536, "boundary")]  # a batch of inputs is the cap
-    finally:
-        steps.close()
-    assert ran == [True, False], trials
-    small, large = trials
-    assert 0 < small.reserved_peak_bytes <= cap
-    assert large.error == "OutOfMemoryError"
+    model.save(tmp_path / "model.keras")
+    fresh_process.save_batch(str(tmp_path), np.ones((8, 1024), "float32"),
+                             np.zeros((8,), "int32"))
+    cap = 256 * MIB
+
+    def job(size):
+        done = subprocess.run(
+            [sys.executable, "-m", "keras_memwatch.capacity.fresh_process",
+             str(tmp_path), str(size), str(cap)], capture_output=True, text=True,
+            timeout=600)
+        return done.returncode, json.loads(done.stdout.strip().splitlines()[-1])
+
+    small, large = job(32), job(65536)  # a batch of inputs alone is the cap
+    assert small[0] == 0 and 0 < small[1]["allocated"] <= cap
+    assert large == (fresh_process.EXIT_OOM, {"error": "OutOfMemoryError"})

@@ -1,4 +1,5 @@
-"""The user's sample batch, repeated along its first axis to any size."""
+"""The user's sample batch, grown to any size, and steps trained on it as
+`fit` trains them."""
 
 from __future__ import annotations
 
@@ -70,6 +71,26 @@ class Batches:
 
         return (keras.tree.map_structure(take, self.x),
                 None if self.y is None else keras.tree.map_structure(take, self.y))
+
+
+def fit_steps(model: Any, batch: tuple[Any, Any], steps: int) -> None:
+    """Trains `steps` steps on `batch` through Keras's own `fit`.
+
+    `fit` packs array batches as `(x, y)` (or `(x,)`), which a custom
+    `train_step` unpacks, and runs the step function it compiles for them;
+    `train_on_batch` packs `(x, y, None)` and compiles another. The base
+    class's `fit` is called, so that a model overriding it (keras-hub's
+    tasks build a `tf.data` pipeline there) trains the same step on plain
+    arrays.
+    """
+    import keras
+
+    x, y = batch
+    size = keras.tree.flatten(x)[0].shape[0]
+    if steps > 1:
+        x, y = Batches(x, y).take(size * steps)
+    keras.Model.fit(model, x, y, batch_size=size, epochs=1, shuffle=False,
+                    verbose=0)
 
 
 def repeated(x: Any, y: Any, steps: int) -> Any:

@@ -1,111 +1,106 @@
-"""Training a batch size in a new Python process, as a job started at it would.
+"""Checks trained as jobs in new Python processes (`fresh_process=True`).
 
 A process that has trained keeps some of what its first steps left on the
-device (allocations of the CUDA libraries, cached blocks placed among the
-activations), so the largest batch that trains in the measuring process
-can be larger than in a job started afresh. On an H200 under a 6 GiB cap,
-a PyTorch block whose activations take 1 MiB a sample trained 646 in the
-process that had measured it and 585-617 in new ones; a transformer, 147
-and 136. So, on PyTorch, the boundary is searched once more in new
-processes: the model is saved once (`model.save`, a `.keras` file in a
-temporary folder) with the sample batch, and each size is one child,
-`python -m keras_memwatch.capacity.fresh_process`, that sets the same
-limit with `configure_memory`, loads the model and trains with `fit` as a
-job would: `JOB_EPOCHS` epochs of `JOB_STEPS` steps, Python's garbage
-collector running when it will. Each costs a process start and 60 steps
-(25-35 s on the H200, measured eight side by side)."""
+device, so it can fit a few percent more than a job started afresh. With
+`Jobs`, the ladder still runs in the measuring process, but every check is
+a child, `python -m keras_memwatch.capacity.fresh_process`, that sets the
+same limit with `configure_memory`, loads the model (saved once to a
+temporary `.keras` file, with the sample batch) and trains `JOB_EPOCHS`
+epochs of `JOB_STEPS` steps with `fit`'s own step, as a job would.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Sequence
+from typing import Any, Optional
 
-from keras_memwatch.capacity import collector
 from keras_memwatch.capacity.batches import Batches, repeated
-from keras_memwatch.capacity.result import Trial
+from keras_memwatch.capacity.evidence import JOB, Observation
 from keras_memwatch.units import MIB, format_bytes
 
+logger = logging.getLogger("keras_memwatch")
+
 TIMEOUT_S = 600  # one child: start, load, train
-#: A child trains as a job: `JOB_EPOCHS` epochs of `JOB_STEPS` steps. Two
-#: steps are not enough: on an H200 under a 6 GiB cap, the PyTorch block
-#: trained 569 for two steps and ran out of memory at 537 and 553 within 60
-#: (at batch 500 the peak of 60 steps was 383 MiB, three of its batch-sized
-#: tensors held by reference cycles, above the first steps': `collector`);
-#: the transformer trained 136 for two steps and failed there within 60.
-#: Nor are 60 for every job: 600 steps failed at the recommendations of the
-#: transformer (118) and the ResNet (178); with a full collection every 50
-#: batches (`cycles.CollectCycles`) 133 and 199, above them, trained 600.
-JOB_STEPS = 15
-JOB_EPOCHS = 4
-JOB = f"{JOB_EPOCHS} epochs of {JOB_STEPS} steps"  # in words
-EXIT_OOM = 3  # the child's exit status when the steps ran out of memory
+JOB_STEPS = 10
+JOB_EPOCHS = 2
+EXIT_OOM = 3  # the child's exit status when its steps ran out of memory
 
 
 class FreshProcessError(RuntimeError):
     """A child could not train for a reason other than memory."""
 
 
-class FreshProcessSteps:
-    """Trains sizes in fresh processes under the measuring process's limit.
+class Jobs:
+    """The ladder of `steps` (a `steps.Steps`), with every check a job in a
+    new process. Build it with `around`."""
 
-    Use `prepare`; `run(size, purpose)` then works as `RealSteps.run`, and
-    `close` deletes the saved model.
+    how = JOB
 
-    Args:
-        directory: holds `model.keras` and the sample batch (`save_batch`).
-        limit_bytes: the allocator cap each child sets.
-        device_index: the CUDA device measured.
-        trials: the list each trial is appended to.
-        progress: receives one line per trial.
-    """
-
-    def __init__(self, directory: str, limit_bytes: int, device_index: int,
-                 trials: list, progress: Callable[[str], None]):
+    def __init__(self, steps: Any, directory: str):
+        self.steps = steps
         self.directory = directory
-        self.limit_bytes = limit_bytes
-        self.device_index = device_index
-        self.trials = trials
-        self.progress = progress
+        self.above_limit = steps.above_limit
+        self.ladder_width = steps.ladder_width
+        self.in_use, self.limit = steps.in_use, steps.limit
+        self.limit_words = steps.limit_words
+        self.words = f"{steps.words}; checks as jobs in new processes"
 
     @classmethod
-    def prepare(cls, model: Any, data: Batches, limit_bytes: int, device_index: int,
-                trials: list, progress: Callable[[str], None]
-                ) -> tuple[Optional["FreshProcessSteps"], str]:
-        """Saves the model and its sample batch for the children.
+    def around(cls, steps: Any) -> Any:
+        """`Jobs` around `steps`, or `steps` itself (with a warning saying
+        why) where jobs cannot check: not PyTorch on a GPU under a cap, too
+        little free device memory beside this process, or a model Keras
+        cannot save."""
+        device = steps.device
+        why = ""
+        if device.backend != "torch" or not device.on_gpu or not steps.above_limit:
+            why = "only PyTorch on a GPU under an allocator cap trains checks as jobs"
+        else:
+            import torch
 
-        Returns:
-            `(steps, "")`, or `(None, why)` for a model that Keras cannot
-            save.
-        """
+            free = torch.cuda.mem_get_info(device.gpu_index)[0]
+            if free < steps.limit:
+                why = (f"{device.name} has {format_bytes(free)} free beside this "
+                       f"process, less than the {format_bytes(steps.limit)} a job needs")
+        if why:
+            logger.warning("estimate_max_batch_size: fresh_process=True, but %s; "
+                           "the checks train in this process", why)
+            return steps
         directory = tempfile.mkdtemp(prefix="keras_memwatch_fresh_")
         try:
-            model.save(os.path.join(directory, "model.keras"))
-            save_batch(directory, data.x, data.y)
+            steps.model.save(os.path.join(directory, "model.keras"))
+            save_batch(directory, steps.data.x, steps.data.y)
         except Exception as e:
             shutil.rmtree(directory, ignore_errors=True)
-            return None, f"the model could not be saved for a new process ({e!r})"
-        return cls(directory, limit_bytes, device_index, trials, progress), ""
+            logger.warning("estimate_max_batch_size: fresh_process=True, but the "
+                           "model could not be saved for a new process (%r); the "
+                           "checks train in this process", e)
+            return steps
+        return cls(steps, directory)
 
-    def run(self, size: int, purpose: str) -> bool:
-        """Trains `size` in a new process as a job would; whether it ran.
+    def ladder(self, sizes: Sequence[int]) -> list[Observation]:
+        return self.steps.ladder(sizes)
 
-        Raises:
-            FreshProcessError: when the child failed for another reason than
-                memory (the model could not be loaded, a crash, a timeout).
-        """
+    def check(self, sizes: Sequence[int]) -> list[Observation]:
+        return [self._job(b) for b in sizes]
+
+    def _job(self, size: int) -> Observation:
         began = time.perf_counter()
+        model_module = type(self.steps.model).__module__.split(".")[0]
         try:
             done = subprocess.run(
                 [sys.executable, "-m", "keras_memwatch.capacity.fresh_process",
-                 self.directory, str(size), str(self.limit_bytes)],
+                 self.directory, str(size), str(self.limit), model_module],
                 capture_output=True, text=True, timeout=TIMEOUT_S,
-                env=_child_env(self.device_index))
+                env=_child_env(self.steps.device.gpu_index))
         except subprocess.TimeoutExpired:
             raise FreshProcessError(f"batch {size} took over {TIMEOUT_S} s") from None
         out = _last_json(done.stdout)
@@ -114,37 +109,28 @@ class FreshProcessSteps:
             raise FreshProcessError(
                 f"batch {size}: the process exited {done.returncode} ({tail[:300]})")
         ran = done.returncode == 0
-        trial = Trial(batch_size=size, ran=ran, purpose=purpose,
-                      allocated_peak_bytes=out.get("allocated"),
-                      reserved_peak_bytes=out.get("reserved"),
-                      seconds=round(time.perf_counter() - began, 3),
-                      error=out.get("error", ""), fresh_process=True,
-                      cyclic_bytes=out.get("cyclic"))
-        self.trials.append(trial)
-        reserved = trial.reserved_peak_bytes
-        self.progress(
-            f"estimate_max_batch_size: trained batch {size} in a new process "
-            f"({purpose}, {trial.seconds:.1f} s): "
-            + (f"ran, reserved peak {format_bytes(reserved)}" if ran and reserved
-               else "ran" if ran else f"out of memory ({trial.error})"))
-        return ran
+        peak = out.get("allocated")
+        need = None if peak is None else max(int(peak) - self.in_use, 0)
+        seconds = time.perf_counter() - began
+        self.steps.progress(f"estimate_max_batch_size: batch {size}, a job in a new "
+                            f"process ({seconds:.1f} s): "
+                            + ("ran" if ran else "out of memory"))
+        return Observation(size, need, JOB, ran=ran, seconds=round(seconds, 3))
 
     def close(self) -> None:
         """Deletes the saved model and batch."""
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def _child_env(index: int) -> dict[str, str]:
-    """This process's environment, the child seeing device `index` as its
-    first (where Keras computes)."""
-    env = dict(os.environ)
+def _child_env(index: Optional[int]) -> dict[str, str]:
+    """This process's environment, the child seeing device `index` first."""
+    import keras
+
+    env = dict(os.environ, KERAS_BACKEND=keras.backend.backend())
     if index:
         visible = env.get("CUDA_VISIBLE_DEVICES")
         ids = [d.strip() for d in visible.split(",")] if visible else None
         env["CUDA_VISIBLE_DEVICES"] = ids[index] if ids and index < len(ids) else str(index)
-    import keras
-
-    env["KERAS_BACKEND"] = keras.backend.backend()
     return env
 
 
@@ -160,8 +146,7 @@ def _last_json(text: str) -> Optional[dict]:
 
 def save_batch(directory: str, x: Any, y: Any) -> None:
     """Writes the sample batch as arrays (`batch.npz`) and its nesting as
-    JSON (`batch.json`, each array by its index): nothing a child loads
-    can run code."""
+    JSON (`batch.json`): nothing a child loads can run code."""
     import keras
     import numpy as np
 
@@ -193,21 +178,22 @@ def load_batch(directory: str) -> tuple[Any, Any]:
     return batch["x"], batch["y"]
 
 
-def train_fresh(directory: str, size: int, limit_bytes: int) -> tuple[int, dict]:
+def train_fresh(directory: str, size: int, limit_bytes: int,
+                model_module: str = "") -> tuple[int, dict]:
     """The child's work: limit, load, train. Returns `(exit status, report)`."""
     from keras_memwatch.configure import configure_memory
 
     configure_memory(memory_limit_mb=limit_bytes / MIB, devices=[0])
+    import importlib
+
     import keras
 
     from keras_memwatch.explain.oom import is_oom_error
 
+    if model_module and model_module not in ("keras", "__main__"):
+        importlib.import_module(model_module)  # registers its classes
     model = keras.saving.load_model(os.path.join(directory, "model.keras"))
     x, y = load_batch(directory)
-    # As a job would train: `fit`, epochs of many steps (one batch of the
-    # sample repeated, so the host holds one), the garbage collector left
-    # to run when it will.
-    steps = repeated(*Batches(x, y).take(size), JOB_STEPS)
     torch = None
     if keras.backend.backend() == "torch":
         import torch
@@ -217,23 +203,23 @@ def train_fresh(directory: str, size: int, limit_bytes: int) -> tuple[int, dict]
         else:
             torch = None
     try:
-        model.fit(steps, epochs=JOB_EPOCHS, verbose=0)
-        if torch is not None:
-            torch.cuda.synchronize()
+        keras.Model.fit(model, repeated(*Batches(x, y).take(size), JOB_STEPS),
+                        epochs=JOB_EPOCHS, verbose=0)
     except Exception as e:
         if not is_oom_error(e):
             raise
         return EXIT_OOM, {"error": type(e).__name__}
     if torch is None:
         return 0, {}
-    return 0, {"allocated": int(torch.cuda.max_memory_allocated()),
-               "reserved": int(torch.cuda.max_memory_reserved()),
-               "cyclic": collector.freed_by_collection(torch.cuda.memory_allocated)}
+    torch.cuda.synchronize()
+    return 0, {"allocated": int(torch.cuda.max_memory_allocated())}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    directory, size, limit_bytes = (argv if argv is not None else sys.argv[1:])
-    status, report = train_fresh(directory, int(size), int(limit_bytes))
+    args = argv if argv is not None else sys.argv[1:]
+    directory, size, limit_bytes = args[:3]
+    status, report = train_fresh(directory, int(size), int(limit_bytes),
+                                 args[3] if len(args) > 3 else "")
     print(json.dumps(report), flush=True)
     return status
 

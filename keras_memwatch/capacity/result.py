@@ -1,354 +1,227 @@
-"""`CapacityEstimate`: what `estimate_max_batch_size` found, and its text."""
+"""`CapacityEstimate`: the record an estimate gathered, its answers, its text."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from typing import Any, Optional
 
-from keras_memwatch.capacity.fit import predict_batch_size
+from keras_memwatch import options
+from keras_memwatch.capacity.evidence import AIMED, Evidence, Observation
 from keras_memwatch.units import format_bytes
-
-#: The sources of `CapacityEstimate.limit_source`.
-LIMIT_ALLOCATOR = "GPU allocator limit"
-LIMIT_NVML = "NVML total"
-LIMIT_HOST = "host available memory"
-
-
-@dataclasses.dataclass(frozen=True)
-class Trial:
-    """One real training step of the confirmation on a GPU.
-
-    Attributes:
-        batch_size: the batch trained.
-        ran: whether the step ran (else it ran out of memory).
-        purpose: `"boundary"` (searching the largest batch under the whole
-            limit), `"recommended"` (the answer under the headroom) or
-            `"expandable_segments"` (the boundary with that setting on).
-        expandable_segments: whether PyTorch's `expandable_segments` was on.
-        fresh_process: whether the steps ran in a new process (else in the
-            measuring one).
-        allocated_peak_bytes: the allocator's allocated peak of the step
-            (device bytes in use, not above the baseline), where it ran.
-        reserved_peak_bytes: PyTorch's reserved peak of the step from a
-            freed cache, where it ran and torch reports it.
-        seconds: how long the step took.
-        error: the exception's class name, where it ran out of memory.
-        cyclic_bytes: PyTorch: the device bytes that one garbage
-            collection freed after the steps (in the measuring process,
-            whose steps run with the collector paused, or at the end of a
-            new process's job; `keras_memwatch.capacity.collector`): what
-            reference cycles held; `None` where not measured.
-    """
-
-    batch_size: int
-    ran: bool
-    purpose: str = ""
-    expandable_segments: bool = False
-    allocated_peak_bytes: Optional[int] = None
-    reserved_peak_bytes: Optional[int] = None
-    seconds: float = 0.0
-    error: str = ""
-    fresh_process: bool = False
-    cyclic_bytes: Optional[int] = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Alternative:
-    """Another method's answer, where two measure the same step differently.
-
-    Attributes:
-        method: the other method (`"xla"`).
-        measured_by: what it reads, in words.
-        predicted_batch_size: its answer under the same limit and headroom.
-        per_sample_bytes: its working memory per sample.
-        reason: why the estimate's own answer was kept.
-    """
-
-    method: str
-    measured_by: str
-    predicted_batch_size: Optional[int]
-    per_sample_bytes: Optional[float]
-    reason: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
 class CapacityEstimate:
-    """What `estimate_max_batch_size` found.
+    """What `estimate_max_batch_size` observed, and every answer read from it.
+
+    All answers come from `evidence` by one rule
+    (`keras_memwatch.capacity.evidence`): the largest batch whose need fits
+    `limit x (1 - headroom) - in use`, never at or above a size that
+    failed, never rising as the headroom grows, holding every size that
+    ran under the whole limit.
 
     Attributes:
-        predicted_batch_size: the largest batch expected to fit under the
-            limit less the headroom, or `None` when no prediction can be
-            trusted (see `explanation`).
-        static_bytes: memory that does not grow with the batch: the memory
-            in use before the steps (weights, optimizer state, the runtime)
-            plus the fitted constant part of a step; `None` without a fit.
-        per_sample_bytes: the fitted working memory of one more sample.
-        limit_bytes: the device limit, or `None` when none is known.
-        limit_source: `"GPU allocator limit"`, `"NVML total"`, `"host
-            available memory"`, or `""`.
-        measurements: `(batch_size, working_bytes)` for each size that was
-            measured, in the order tried.
-        residual: the largest distance of a measurement from the line, as
-            a fraction of the largest measurement.
-        explanation: one line saying how the prediction was made, or why
-            there is none.
-        headroom: the fraction of the limit kept free.
-        in_use_bytes: memory in use before the steps.
-        step_static_bytes: the constant part of a step's working memory
-            (`static_bytes - in_use_bytes`): the line's intercept, never
-            below 0 (a line that crosses zero above batch 0 is taken to
-            start at 0, which only raises what larger batches need).
-        r_squared: the fit's coefficient of determination.
-        fit_batch_sizes: the sizes the line was fitted to.
+        evidence: the record: each observation, the limit, the memory in use.
+        headroom: the fraction of the limit the estimate was asked to keep free.
         device: `"GPU:0"`, ... or `"host"`.
         backend: the Keras backend.
-        method: `"xla"`, `"reserved"` or `"probes"` (see `keras_memwatch.capacity`).
-        measured_by: what the working memory was read from, in words.
+        measured_by: what a step's need was read from, in words.
         limit_detail: where the limit comes from, in words.
-        ceiling_batch_size: the largest batch that fits the whole limit (no
-            headroom), where it was searched: on JAX (method `"xla"`) the
-            largest whose compiled step fits (XLA fits a step it would
-            otherwise not by recomputing activations, so this can be well
-            above what the line says, with slower steps), on a GPU told to
-            3% by plans compiled without autotuning, which near XLA's limit
-            may plan a few percent more or less than `fit`'s compilation
-            (an H200, a transformer: 4% less to 6% more), and are not
-            checked as `fit` compiles them; on a GPU measured by the
-            probes under an allocator cap, the largest batch that trained:
-            as a job, 4 epochs of 15 steps, in a new process where
-            `fresh_process` ran (PyTorch), else two real steps in the
-            measuring one.
-        checked: `(batch_size, working_bytes)` of XLA's compiled plan at
-            each size checked after the fit (method `"xla"`), in order.
-        reserved_measurements: PyTorch on a GPU: `(batch_size,
-            reserved_bytes)`, the caching allocator's reserved peak of each
-            ladder step above the reserved bytes before the ladder (from a
-            freed cache): what the allocator took from the device.
-        reserved_static_bytes: the constant part of the line through
-            `reserved_measurements` (never below 0).
-        reserved_per_sample_bytes: its slope.
-        in_process_ceiling_batch_size: the largest batch that trained two
-            real steps in the measuring process, where the ceiling was then
-            searched in new processes (a process that has trained can fit
-            more).
-        fresh_process_note: why the answer is not from new processes,
-            where they were tried or asked for and could not run.
-        trials: the real steps that confirmed the answer on a GPU
-            (`Trial`), in order.
-        allocator_settings: PyTorch: the allocator settings in effect
-            (`PYTORCH_CUDA_ALLOC_CONF`), in words.
-        expandable_batch_size: PyTorch: the largest batch that trained under
-            the whole limit with `expandable_segments:True`, where measured.
-        alternatives: other methods' answers for the same step (JAX on the
-            CPU: XLA's plan beside the host's RSS), with why this one was
-            kept.
-        batches_ahead: JAX on an accelerator: the batches a `fit` holds
-            ahead of its step that the plans count (see
-            `keras_memwatch.capacity.run_ahead`).
+        refusal: why no batch size is answered, or `""`.
+        stopped: why the ladder stopped where it did, or `""`.
+        unsettled: what the checks left open, or `""`.
+        samples_given: how many samples the batches were grown from.
         seconds: how long the estimate took.
     """
 
-    predicted_batch_size: Optional[int]
-    static_bytes: Optional[int]
-    per_sample_bytes: Optional[float]
-    limit_bytes: Optional[int]
-    limit_source: str
-    measurements: tuple[tuple[int, int], ...]
-    residual: Optional[float]
-    explanation: str
-    headroom: float = 0.1
-    in_use_bytes: Optional[int] = None
-    step_static_bytes: Optional[int] = None
-    r_squared: Optional[float] = None
-    fit_batch_sizes: tuple[int, ...] = ()
-    device: str = ""
-    backend: str = ""
-    method: str = ""
-    measured_by: str = ""
+    evidence: Evidence
+    headroom: float
+    device: str
+    backend: str
+    measured_by: str
     limit_detail: str = ""
-    ceiling_batch_size: Optional[int] = None
-    in_process_ceiling_batch_size: Optional[int] = None
-    fresh_process_note: str = ""
-    checked: tuple[tuple[int, int], ...] = ()
-    reserved_measurements: tuple[tuple[int, int], ...] = ()
-    reserved_static_bytes: Optional[int] = None
-    reserved_per_sample_bytes: Optional[float] = None
-    trials: tuple[Trial, ...] = ()
-    allocator_settings: str = ""
-    expandable_batch_size: Optional[int] = None
-    alternatives: tuple[Alternative, ...] = ()
-    batches_ahead: Optional[int] = None
+    refusal: str = ""
+    stopped: str = ""
+    unsettled: str = ""
+    samples_given: int = 0
     seconds: float = 0.0
 
-    def batch_size_for(self, headroom: float) -> Optional[int]:
-        """The fitted line's prediction for another headroom.
+    # -- answers -------------------------------------------------------------
 
-        Where XLA's compiled plans were checked, the line does not know
-        that XLA recomputes activations near the limit: see
-        `ceiling_batch_size`.
+    def batch_size_for(self, headroom: float) -> Optional[int]:
+        """The largest batch that fits under the limit less `headroom`.
 
         Args:
             headroom: fraction of the limit to keep free, in [0, 1).
 
         Returns:
-            The largest batch size, or `None` when this estimate has none.
+            The batch size (0 where not even one sample fits), or `None`
+            where the estimate answers nothing (see `refusal`).
 
         Raises:
-            ValueError: for `headroom` outside [0, 1).
+            TypeError, ValueError: for a `headroom` outside [0, 1).
         """
-        check_headroom(headroom)
-        if (self.predicted_batch_size is None or self.limit_bytes is None
-                or self.static_bytes is None or not self.per_sample_bytes):
-            return None
-        return predict_batch_size(self.limit_bytes, headroom, self.static_bytes,
-                                  self.per_sample_bytes)
+        headroom = options.fraction("headroom", headroom)
+        return None if self.refusal else self.evidence.batch_size_for(headroom)
 
-    def reserved_batch_size_for(self, headroom: float) -> Optional[int]:
-        """The answer of the line through the reserved peaks (PyTorch).
+    @property
+    def predicted_batch_size(self) -> Optional[int]:
+        """`batch_size_for(headroom)`: the batch to train."""
+        return self.batch_size_for(self.headroom)
 
-        Args:
-            headroom: fraction of the limit to keep free, in [0, 1).
+    @property
+    def ceiling_batch_size(self) -> Optional[int]:
+        """`batch_size_for(0)`: the largest batch under the whole limit."""
+        return self.batch_size_for(0.0)
 
-        Returns:
-            The largest batch size, or `None` without such a line.
-        """
-        check_headroom(headroom)
-        if (self.limit_bytes is None or self.in_use_bytes is None
-                or self.reserved_static_bytes is None
-                or not self.reserved_per_sample_bytes
-                or self.reserved_per_sample_bytes <= 0):
-            return None
-        return predict_batch_size(self.limit_bytes, headroom,
-                                  self.in_use_bytes + self.reserved_static_bytes,
-                                  self.reserved_per_sample_bytes)
+    def line_batch_size_for(self, headroom: float) -> Optional[int]:
+        """What the small-batch line alone says, before any check (the line
+        through the ladder's sizes, extrapolated)."""
+        headroom = options.fraction("headroom", headroom)
+        return None if self.refusal else self.evidence.line_batch_size_for(headroom)
 
-    def to_dict(self) -> dict[str, Any]:
-        """Every field, as JSON-ready values (`None` for NaN)."""
-        out = dataclasses.asdict(self)
-        for key, value in out.items():
-            if isinstance(value, tuple):
-                out[key] = [list(v) if isinstance(v, tuple) else v for v in value]
-            elif isinstance(value, float) and value != value:
-                out[key] = None
-        return out
+    @property
+    def recomputes_from(self) -> Optional[int]:
+        """JAX: the smallest checked batch at which XLA recomputes
+        activations to fit (slower steps), or `None` where no plan shows it."""
+        return self.evidence.recomputes_from
+
+    def full_speed_batch_size_for(self, headroom: float) -> Optional[int]:
+        """The largest batch that fits without XLA recomputing activations:
+        `batch_size_for(headroom)`, below `recomputes_from`."""
+        answer = self.batch_size_for(headroom)
+        start = self.recomputes_from
+        return answer if answer is None or start is None else min(answer, start - 1)
+
+    # -- the record, in figures ----------------------------------------------
+
+    @property
+    def limit_bytes(self) -> Optional[int]:
+        return self.evidence.limit_bytes
+
+    @property
+    def in_use_bytes(self) -> int:
+        return self.evidence.in_use_bytes
+
+    @property
+    def per_sample_bytes(self) -> Optional[float]:
+        """The small-batch line's bytes per sample."""
+        line = self.evidence.line
+        return None if line is None else line.per_sample_bytes
+
+    @property
+    def step_static_bytes(self) -> Optional[float]:
+        """The small-batch line's constant part of a step."""
+        line = self.evidence.line
+        return None if line is None else line.static_bytes
+
+    @property
+    def largest_measured(self) -> Optional[int]:
+        """The largest batch observed to run."""
+        return max((o.batch_size for o in self.evidence.observations
+                    if o.ran and not self.evidence.failed(o)), default=None)
 
     def to_dataframe(self) -> Any:
-        """The measurements as a `pandas.DataFrame`.
-
-        Returns:
-            A frame of `batch_size`, `working_bytes`, `fitted_bytes` (the
-            line) and `in_fit`.
-        """
+        """The observations as a `pandas.DataFrame`: `batch_size`,
+        `need_bytes`, `how`, `ran`, `ladder`, `seconds`, and `line_bytes`
+        (the small-batch line there)."""
         import pandas as pd
 
-        frame = pd.DataFrame(list(self.measurements),
-                             columns=["batch_size", "working_bytes"])
-        if self.per_sample_bytes is not None and self.step_static_bytes is not None:
-            frame["fitted_bytes"] = (self.step_static_bytes
-                                     + self.per_sample_bytes * frame["batch_size"])
-        else:
-            frame["fitted_bytes"] = float("nan")
-        frame["in_fit"] = frame["batch_size"].isin(self.fit_batch_sizes)
+        frame = pd.DataFrame([dataclasses.asdict(o) for o in self.evidence.observations],
+                             columns=[f.name for f in dataclasses.fields(Observation)])
+        frame["need_bytes"] = frame["need_bytes"].astype("Int64")
+        line = self.evidence.line
+        frame["line_bytes"] = (frame["batch_size"].map(line) if line is not None
+                               else float("nan"))
         return frame
 
+    def to_dict(self) -> dict[str, Any]:
+        """Every field and answer, JSON-ready."""
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k != "evidence"}
+        out.update(
+            observations=[dataclasses.asdict(o) for o in self.evidence.observations],
+            limit_bytes=self.limit_bytes, in_use_bytes=self.in_use_bytes,
+            predicted_batch_size=self.predicted_batch_size,
+            ceiling_batch_size=self.ceiling_batch_size,
+            line_batch_size=self.line_batch_size_for(self.headroom),
+            recomputes_from=self.recomputes_from,
+            per_sample_bytes=self.per_sample_bytes,
+            step_static_bytes=self.step_static_bytes)
+        return out
+
+    # -- words ---------------------------------------------------------------
+
+    @property
+    def explanation(self) -> str:
+        """How the answer was reached, or why there is none, in a few sentences."""
+        where = f"{self.device} ({self.backend}, {self.measured_by})"
+        if self.refusal:
+            return f"No answer on {where}: {self.refusal}."
+        ev = self.evidence
+        answer, ceiling = self.predicted_batch_size, self.ceiling_batch_size
+        line = ev.line
+        assert line is not None and ev.limit_bytes is not None
+        parts = [f"Largest batch {answer} under {self.headroom:.0%} headroom on "
+                 f"{where}: {format_bytes(ev.room(self.headroom))} of room "
+                 f"({format_bytes(ev.limit_bytes)}, {self.limit_detail}, less the "
+                 f"headroom and {format_bytes(ev.in_use_bytes)} in use)."]
+        parts.append(f"The small-batch line through batch "
+                     f"{line.batch_sizes[0]}-{line.batch_sizes[-1]} "
+                     f"({format_bytes(line.per_sample_bytes)} per sample) says "
+                     f"{self.line_batch_size_for(self.headroom)}.")
+        checks = [o for o in ev.observations if not o.ladder and o.how != AIMED]
+        if checks:
+            parts.append("Checked: " + ", ".join(
+                f"{o.batch_size} {_result(ev, o)}" for o in checks) + f" ({checks[0].how}s).")
+        parts.append(f"Without headroom: {ceiling}.")
+        start = self.recomputes_from
+        if start is not None:
+            parts.append(f"From batch {start} XLA recomputes activations to fit "
+                         f"(slower steps): up to {self.full_speed_batch_size_for(0.0)} "
+                         "at full speed.")
+        top = self.largest_measured or 0
+        if not checks and answer and top and answer > 2 * top:
+            parts.append(f"Not checked: {answer / top:.0f}x the largest batch "
+                         f"measured ({top}), read off the line.")
+        if self.samples_given and top > self.samples_given:
+            parts.append(f"Batches repeat the {self.samples_given} samples given.")
+        for note in (self.stopped and f"The ladder stopped: {self.stopped}",
+                     self.unsettled):
+            if note:
+                parts.append(note[0].upper() + note[1:] + ".")
+        return " ".join(parts)
+
     def __str__(self) -> str:
-        head = ("Largest batch that fits: "
-                + ("none predicted" if self.predicted_batch_size is None
-                   else str(self.predicted_batch_size))
-                + f" ({self.device}, {self.backend}, {self.measured_by})")
-        lines = [head]
-        if self.limit_bytes is not None:
-            lines.append(
-                f"  limit:      {format_bytes(self.limit_bytes)} "
-                f"({self.limit_source}), "
-                f"less {self.headroom:.0%} headroom: "
-                f"{format_bytes(self.limit_bytes * (1 - self.headroom))}")
-        if self.static_bytes is not None:
-            lines.append(
-                f"  static:     {format_bytes(self.static_bytes)} (in use before "
-                f"the steps {format_bytes(self.in_use_bytes)} "
-                f"{signed_bytes(self.step_static_bytes or 0)} constant part of a "
-                "step)")
-        per_sample = self.per_sample_bytes
-        if per_sample is not None and per_sample == per_sample:
-            lines.append(f"  per sample: {format_bytes(self.per_sample_bytes)}")
-        if self.residual is not None and self.residual == self.residual:
-            lines.append(
-                f"  fit:        within {self.residual:.1%} of the largest "
-                f"measurement (R^2 {self.r_squared:.5f}) at batch sizes "
-                f"{sizes_text(self.fit_batch_sizes)}")
-        reserved = dict(self.reserved_measurements)
-        lines.append("  measured:   batch  working memory"
-                     + ("  reserved (allocator)" if reserved else ""))
-        fitted = set(self.fit_batch_sizes)
-        for batch, working in self.measurements:
-            mark = "" if batch in fitted else "  (not in the fit)"
-            extra = (f"  {format_bytes(reserved[batch]):>10}" if batch in reserved
-                     else "")
-            lines.append(f"              {batch:>5}  {format_bytes(working):>10}"
-                         f"{extra}{mark}")
+        ev = self.evidence
+        lines = [f"Largest batch that fits: "
+                 + ("none" if self.predicted_batch_size is None
+                    else str(self.predicted_batch_size))
+                 + f" under {self.headroom:.0%} headroom ({self.device}, "
+                 f"{self.backend}, {self.measured_by})"]
+        if ev.limit_bytes is not None:
+            lines.append(f"  limit:    {format_bytes(ev.limit_bytes)} "
+                         f"({self.limit_detail}); in use before the steps "
+                         f"{format_bytes(ev.in_use_bytes)}")
         if self.ceiling_batch_size is not None:
-            how = ("by XLA's compiled plans, not trained" if self.method == "xla" else
-                   "the largest batch that trained for real in a new process; "
-                   f"{self.in_process_ceiling_batch_size} in the measuring one"
-                   if self.in_process_ceiling_batch_size is not None else
-                   "the largest batch that trained for real in this process")
-            lines.append(f"  ceiling:    batch {self.ceiling_batch_size} without "
-                         f"headroom ({how})")
-        if self.trials:
-            lines.append("  trained:    batch  result          reserved peak  (real "
-                         "steps on the device)")
-            for t in self.trials:
-                result = "ran" if t.ran else "out of memory"
-                peak = (format_bytes(t.reserved_peak_bytes)
-                        if t.reserved_peak_bytes else "")
-                where = ", new process" if t.fresh_process else ""
-                lines.append(f"              {t.batch_size:>5}  {result:<14}  "
-                             f"{peak:>13}  {t.purpose}{where}")
-        if self.allocator_settings:
-            lines.append(f"  allocator:  {self.allocator_settings}")
-        if self.expandable_batch_size is not None:
-            lines.append(f"  expandable_segments:True: batch "
-                         f"{self.expandable_batch_size} trained under the whole limit")
-        for alt in self.alternatives:
-            answer = ("none" if alt.predicted_batch_size is None
-                      else str(alt.predicted_batch_size))
-            lines.append(f"  also:       {answer} by {alt.measured_by}"
-                         + (f" ({format_bytes(alt.per_sample_bytes)} per sample)"
-                            if alt.per_sample_bytes else "") + "; not used: "
-                         + alt.reason)
-        if self.checked:
-            lines.append("  compiled:   batch  working memory (XLA's plan, not run)")
-            for batch, working in self.checked:
-                lines.append(f"              {batch:>5}  {format_bytes(working):>10}")
+            lines.append(f"  ceiling:  {self.ceiling_batch_size} without headroom")
+        line = ev.line
+        lines.append("  observed: batch  need        how         result")
+        for o in ev.observations:
+            need = "" if o.need_bytes is None else format_bytes(o.need_bytes)
+            how = o.how + (" (ladder)" if o.ladder else "")
+            lines.append(f"            {o.batch_size:>5}  {need:>10}  {how:<18}  "
+                         f"{_result(ev, o)}")
+        if line is not None:
+            lines.append(f"  line:     {format_bytes(line.static_bytes)} + "
+                         f"{format_bytes(line.per_sample_bytes)} per sample "
+                         f"(small batches {line.batch_sizes[0]}-{line.batch_sizes[-1]})")
         lines.append(f"  {self.explanation}")
         return "\n".join(lines)
 
 
-def check_headroom(headroom: float) -> None:
-    """Raises `ValueError` unless `headroom` is a fraction in [0, 1)."""
-    if (isinstance(headroom, bool) or not isinstance(headroom, (int, float))
-            or not 0 <= headroom < 1):
-        raise ValueError(
-            "Expected `headroom` to be a fraction in [0, 1). Received: "
-            f"headroom={headroom!r}")
-
-
-def signed_bytes(n: float) -> str:
-    """`+ 1.2 MiB` or `- 1.2 MiB`."""
-    return f"{'-' if n < 0 else '+'} {format_bytes(abs(n))}"
-
-
-def sizes_text(sizes: Sequence[int]) -> str:
-    """Batch sizes as `"2, 4, 8"`, or `"none"`.
-
-    Args:
-        sizes: the batch sizes.
-
-    Returns:
-        The sizes, comma-separated, or `"none"` when there are none.
-    """
-    if not sizes:
-        return "none"
-    return ", ".join(str(s) for s in sizes)
+def _result(ev: Evidence, o: Observation) -> str:
+    if not o.ran:
+        return "out of memory"
+    if ev.failed(o):
+        return "over the limit"
+    return "ran" if o.how in ("step", "job") else "fits"

@@ -16,13 +16,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
-from keras_memwatch.capacity import (
-    HOST,
-    METHODS,
-    CapacityEstimate,
-    estimate_max_batch_size,
-    sizes_text,
-)
+from keras_memwatch.capacity import METHODS, CapacityEstimate, estimate_max_batch_size
+from keras_memwatch.columns import HOST_DEVICE
 from keras_memwatch.units import format_bytes
 
 __all__ = ["add_fit_check_arguments", "fit_check_main", "run_fit_check"]
@@ -34,9 +29,9 @@ def _sizes_arg(text: str) -> list[int]:
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated batch sizes, got {text!r}") from None
-    if len(set(sizes)) < 3 or min(sizes) < 1:
+    if len(set(sizes)) < 2 or min(sizes) < 1:
         raise argparse.ArgumentTypeError(
-            f"expected at least three distinct positive sizes, got {text!r}")
+            f"expected at least two distinct positive sizes, got {text!r}")
     return sizes
 
 
@@ -156,16 +151,17 @@ def _breakdown_text(model: Any, estimate: CapacityEstimate) -> str:
     b["notes"] = [n for n in b.get("notes", ()) if "no training samples" not in n]
     lines = format_breakdown(b).splitlines()
     device = estimate.device
-    if estimate.in_use_bytes is not None:
+    if estimate.limit_bytes is not None:
         lines.append(f"  in use before a step:  "
                      f"{format_bytes(estimate.in_use_bytes)} on "
                      f"{device} (weights, optimizer state, framework runtime"
-                     + (", the Python process" if device == HOST else "") + ")")
-    if estimate.per_sample_bytes is not None and estimate.step_static_bytes is not None:
+                     + (", the Python process" if device == HOST_DEVICE else "") + ")")
+    line = estimate.evidence.line
+    if line is not None:
         lines.append(
-            f"  step working memory:   {format_bytes(estimate.step_static_bytes)} + "
-            f"{format_bytes(estimate.per_sample_bytes)} per sample (fitted at batch "
-            f"sizes {sizes_text(estimate.fit_batch_sizes)})")
+            f"  step working memory:   {format_bytes(line.static_bytes)} + "
+            f"{format_bytes(line.per_sample_bytes)} per sample (the line through "
+            f"batch sizes {', '.join(map(str, line.batch_sizes))})")
     return "\n".join(lines)
 
 
@@ -247,14 +243,19 @@ def _device_problem(args: argparse.Namespace) -> Optional[str]:
     """
     import keras
 
-    from keras_memwatch.capacity.meter import Meter
+    from keras_memwatch.capacity.device import Device
 
+    backend = keras.backend.backend()
+    if args.method == "xla" and backend != "jax":
+        return f"--method xla: only with the JAX backend (this is {backend})"
     try:
-        Meter(keras.backend.backend(), args.device, args.method).close()
+        device = Device(backend, args.device)
     except ValueError as e:
-        if args.device is not None and "`device`" in str(e):
-            return f"--device {args.device}: {e}"
-        return f"--method {args.method}: {e}"
+        return f"--device {args.device}: {e}"
+    device.close()
+    if args.method == "steps" and backend == "jax" and device.on_gpu:
+        return ("--method steps: JAX on a GPU has no per-step peak; use --method "
+                "xla (the default there)")
     return None
 
 
@@ -276,8 +277,8 @@ def fit_check_main(argv: Optional[Sequence[str]] = None) -> int:
     """
     parser = argparse.ArgumentParser(
         prog="keras-memwatch fit-check",
-        description="Trains a few small batches of your model, fits its memory "
-                    "per sample, and predicts the largest batch that fits.")
+        description="Measures a few small batches of your model, checks near the "
+                    "limit on a GPU, and answers the largest batch that fits.")
     add_fit_check_arguments(parser)
     return run_fit_check(parser.parse_args(argv))
 

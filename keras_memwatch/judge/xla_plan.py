@@ -19,17 +19,9 @@ from typing import Any, Callable, Optional
 
 #: The batches a `fit` on an accelerator holds on the device beside the
 #: running step's own: Keras's JAX loop sends the next batch ahead and,
-#: dispatching asynchronously (with MemWatch too: it is `async_safe`), runs
-#: ahead of the device, each step dispatched holding its batch until it
-#: runs. XLA's GPU client lets 32 programs wait (`max_inflight_computations`).
-#: On an H200, one epoch in a new process, three models side by side, the
-#: most seen above the plan (`benchmarks/in_flight.py`) was 16 batches (a
-#: block of two attention layers at 200: 16 in 200 steps, 14 in 1,000), 17
-#: (a convnet at 731) and 8 (a ResNet at 515), 1 with a callback that waits
-#: for each step. With 16, the answers without headroom of three models
-#: trained jobs of 600-1,000 steps, and four were 0 to 7.1% under the
-#: largest batch that trained 150. The estimate counts this many where a
-#: short run cannot bound the count (`capacity.run_ahead`).
+#: dispatching asynchronously, runs ahead of the device, each step
+#: dispatched holding its batch until it runs. The count seen, and why 16,
+#: are in docs/capacity.md (`benchmarks/in_flight.py` measures it).
 BATCHES_AHEAD = 16
 
 

@@ -1,68 +1,215 @@
-"""estimate_max_batch_size on scripted GPU readings, and its argument checks."""
+"""`estimate_max_batch_size` on the CPU, with the models people bring: its
+own step (`fit`'s), a custom `train_step`, dict inputs and several outputs,
+keras-hub models; the model's state put back bit for bit; bad arguments
+refused before anything runs."""
 
 from __future__ import annotations
 
-import functools
+import logging
 
 import keras
+import numpy as np
 import pytest
 
-from capacity_helpers import BACKEND, GIB, MIB, simulate_gpu, tiny
-from keras_memwatch.capacity import LIMIT_ALLOCATOR, estimate_max_batch_size
+from capacity_helpers import BACKEND, MIB, assert_same_state, conv_data, conv_model, state_of
+from keras_memwatch.capacity import STEP, estimate_max_batch_size
+
+SIZES = (8, 32, 128)
 
 
-@pytest.fixture
-def simulated(monkeypatch):
-    """Puts a simulated GPU under a model (see `simulate_gpu`)."""
-    return functools.partial(simulate_gpu, monkeypatch)
+def test_a_real_estimate_keeps_the_model_bit_for_bit_and_explains_itself():
+    model = conv_model()
+    x, y = conv_data()
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # trained a little
+    before = state_of(model)
+    estimate = estimate_max_batch_size(model, x, y, trial_sizes=SIZES)
+    assert_same_state(before, state_of(model))
+    assert estimate.device == "host" and estimate.backend == BACKEND
+    assert [o.batch_size for o in estimate.evidence.observations] == list(SIZES)
+    assert all(o.how == STEP and o.ladder for o in estimate.evidence.observations)
+    assert estimate.in_use_bytes > 50 * MIB
+    assert estimate.refusal == ""
+    # two 32x32x16 conv activations are kept for the backward pass
+    assert estimate.per_sample_bytes > 64 * 1024
+    assert estimate.predicted_batch_size == estimate.batch_size_for(0.1) > 128
+    assert estimate.ceiling_batch_size >= estimate.predicted_batch_size
+    assert "x the largest batch measured (128), read off the line" in estimate.explanation
+    assert "Batches repeat the 16 samples given" in estimate.explanation
+    text = str(estimate)
+    assert "Largest batch that fits" in text and "step (ladder)" in text
+    frame = estimate.to_dataframe()
+    assert list(frame["batch_size"]) == list(SIZES)
+    assert {"need_bytes", "how", "ran", "line_bytes"} <= set(frame.columns)
+    assert estimate.to_dict()["predicted_batch_size"] == estimate.predicted_batch_size
 
 
-def test_prediction_from_simulated_gpu_readings(simulated):
-    model, x, y = tiny()
-    gpu = simulated(model, name=BACKEND)
-    estimate = estimate_max_batch_size(model, x, y, trial_sizes=(2, 4, 8, 16),
-                                       method="probes")
-    assert estimate.device == "GPU:0"
-    assert estimate.limit_bytes == 16 * GIB and estimate.limit_source == LIMIT_ALLOCATOR
-    assert estimate.measurements == tuple(
-        (b, 64 * MIB + 10 * MIB * b) for b in (2, 4, 8, 16))
-    assert estimate.in_use_bytes == GIB
-    assert estimate.static_bytes == GIB + 64 * MIB
-    assert estimate.per_sample_bytes == pytest.approx(10 * MIB)
-    expected = int((16 * GIB * 0.9 - GIB - 64 * MIB) // (10 * MIB))
-    assert estimate.predicted_batch_size == expected
-    assert estimate.batch_size_for(0.0) == int((15 * GIB - 64 * MIB) // (10 * MIB))
-    assert "GPU allocator limit" in estimate.explanation
-    assert f"Largest batch {expected}" in estimate.explanation
-    # two steps per size, then the confirmation on the device, two steps a
-    # size: the largest batch under the whole limit (1529 ran, 1545 and 1537
-    # did not), and the answer
-    ceiling = int((15 * GIB - 64 * MIB) // (10 * MIB))
-    assert gpu.batches == [2, 2, 4, 4, 8, 8, 16, 16, ceiling, ceiling, expected,
-                           expected]
-    assert gpu.ooms == [1545, 1537]
-    assert estimate.ceiling_batch_size == ceiling
-    assert [(t.batch_size, t.ran, t.purpose) for t in estimate.trials] == [
-        (ceiling, True, "boundary"), (1545, False, "boundary"),
-        (1537, False, "boundary"), (expected, True, "recommended")]
-    assert f"batch {ceiling} ran, 1537 ran out of memory" in estimate.explanation
-    assert (f"Recommended batch {expected} (under 10% headroom) trained 2 real "
-            "steps" in estimate.explanation)
-    assert estimate.seconds > 0
+def test_training_after_an_estimate_equals_training_without():
+    x, y = conv_data()
+    estimated, untouched = conv_model(), conv_model()
+    untouched.set_weights(estimated.get_weights())
+    estimate_max_batch_size(estimated, x, y, trial_sizes=(4, 8, 16))
+    for model in (estimated, untouched):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    assert_same_state(state_of(untouched), state_of(estimated), paths=False)
 
 
-def test_bad_arguments():
-    model, x, y = tiny()
-    with pytest.raises(ValueError, match="headroom"):
-        estimate_max_batch_size(model, x, y, headroom=1.0)
-    with pytest.raises(ValueError, match="trial_sizes"):
-        estimate_max_batch_size(model, x, y, trial_sizes=(4, 4, 8))
-    with pytest.raises(ValueError, match="method"):
-        estimate_max_batch_size(model, x, y, method="guess")
-    with pytest.raises(ValueError, match="device"):
-        estimate_max_batch_size(model, x, y, device="tpu:0", trial_sizes=(2, 4, 8))
-    with pytest.raises(ValueError, match="same"):
-        estimate_max_batch_size(model, x, y[:3], trial_sizes=(2, 4, 8))
-    uncompiled = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
-    with pytest.raises(ValueError, match="compiled"):
-        estimate_max_batch_size(uncompiled, x, y)
+class GuideModel(keras.Model):
+    """The custom `train_step` of the Keras guides: it unpacks `x, y = data`,
+    which `train_on_batch` (packing `(x, y, None)`) would break."""
+
+    if BACKEND == "jax":
+        def train_step(self, state, data):
+            x, y = data
+            return super().train_step(state, (x, y))
+    else:
+        def train_step(self, data):
+            x, y = data
+            return super().train_step((x, y))
+
+
+def guide_model():
+    inputs = keras.Input((32,))
+    outputs = keras.layers.Dense(1)(keras.layers.Dense(64, activation="relu")(inputs))
+    model = GuideModel(inputs, outputs)
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+def test_a_custom_train_step_is_measured_through_the_step_fit_runs():
+    model = guide_model()
+    x = np.random.rand(16, 32).astype("float32")
+    y = np.random.rand(16, 1).astype("float32")
+    model.fit(x, y, epochs=1, verbose=0)  # builds the optimizer's slots
+    before = state_of(model)
+    estimate = estimate_max_batch_size(model, x, y, trial_sizes=(64, 512, 4096))
+    assert estimate.refusal == "" and estimate.predicted_batch_size > 4096
+    assert_same_state(before, state_of(model))
+
+
+def test_dict_inputs_and_two_outputs_work_like_arrays():
+    image = keras.Input((16, 16, 3), name="image")
+    meta = keras.Input((4,), name="meta")
+    h = keras.layers.Conv2D(8, 3, activation="relu")(image)
+    h = keras.layers.Concatenate()([keras.layers.GlobalAveragePooling2D()(h), meta])
+    model = keras.Model({"image": image, "meta": meta},
+                        {"label": keras.layers.Dense(3, name="label")(h),
+                         "score": keras.layers.Dense(1, name="score")(h)})
+    model.compile(optimizer="adam",
+                  loss={"label": keras.losses.SparseCategoricalCrossentropy(
+                      from_logits=True), "score": "mse"})
+    x = {"image": np.random.rand(8, 16, 16, 3).astype("float32"),
+         "meta": np.random.rand(8, 4).astype("float32")}
+    y = {"label": np.zeros((8,), "int32"), "score": np.zeros((8, 1), "float32")}
+    estimate = estimate_max_batch_size(model, x, y, trial_sizes=(16, 128, 1024))
+    assert estimate.refusal == "", estimate.explanation
+    assert estimate.predicted_batch_size > 1024
+
+
+@pytest.fixture(scope="module")
+def keras_hub():
+    return pytest.importorskip("keras_hub")
+
+
+def test_a_keras_hub_gpt2_gets_an_answer(keras_hub):
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=500, num_layers=2, num_heads=2, hidden_dim=32,
+        intermediate_dim=64, max_sequence_length=32)
+    model = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+    model.compile(optimizer="adamw", loss=keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True))
+    x = {"token_ids": np.ones((4, 32), "int32"),
+         "padding_mask": np.ones((4, 32), "bool")}
+    keras.Model.fit(model, x, np.ones((4, 32), "int32"), verbose=0)  # builds all
+    before = state_of(model)
+    estimate = estimate_max_batch_size(model, x, np.ones((4, 32), "int32"),
+                                       trial_sizes=(32, 256, 1024))
+    assert estimate.refusal == "", estimate.explanation
+    # logits over the vocabulary: 32 x 500 floats a sample, at least
+    assert estimate.per_sample_bytes > 32 * 500 * 4
+    assert estimate.predicted_batch_size > 1024
+    assert_same_state(before, state_of(model))
+
+
+def test_a_keras_hub_bert_classifier_gets_an_answer(keras_hub):
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=500, num_layers=2, num_heads=2, hidden_dim=32,
+        intermediate_dim=64, max_sequence_length=32)
+    model = keras_hub.models.BertTextClassifier(backbone=backbone, num_classes=3,
+                                                preprocessor=None)
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True))
+    x = {"token_ids": np.ones((4, 32), "int32"),
+         "segment_ids": np.zeros((4, 32), "int32"),
+         "padding_mask": np.ones((4, 32), "bool")}
+    estimate = estimate_max_batch_size(model, x, np.zeros((4,), "int32"),
+                                       trial_sizes=(32, 256, 1024))
+    assert estimate.refusal == "", estimate.explanation
+    assert estimate.predicted_batch_size > 1024
+
+
+def test_the_default_ladder_climbs_from_one_and_says_why_it_stopped():
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256),
+                              keras.layers.Dense(8)])
+    model.compile(optimizer="adam", loss="mse")
+    lines = []
+    estimate = estimate_max_batch_size(model, np.zeros((8, 64), "float32"),
+                                       np.zeros((8, 8), "float32"),
+                                       progress=lines.append)
+    sizes = [o.batch_size for o in estimate.evidence.observations]
+    assert sizes[0] == 1 and sizes == sorted(sizes) and len(sizes) >= 3
+    assert len(lines) == len(sizes)
+    assert estimate.predicted_batch_size is not None, estimate.explanation
+    assert estimate.stopped == "" or "The ladder stopped" in estimate.explanation
+
+
+def test_jax_can_measure_by_xla_plans_on_the_cpu():
+    if BACKEND != "jax":
+        with pytest.raises(ValueError, match="method='xla' only with the JAX"):
+            estimate_max_batch_size(guide_model(), np.zeros((2, 32)), np.zeros((2, 1)),
+                                    method="xla")
+        return
+    model = conv_model()
+    x, y = conv_data()
+    estimate = estimate_max_batch_size(model, x, y, method="xla", trial_sizes=SIZES)
+    assert {o.how for o in estimate.evidence.observations} == {"plan"}
+    assert estimate.predicted_batch_size > 128
+
+
+def test_fresh_process_on_the_cpu_says_why_it_trains_here(caplog):
+    model, (x, y) = guide_model(), (np.zeros((4, 32), "float32"),
+                                    np.zeros((4, 1), "float32"))
+    with caplog.at_level(logging.WARNING, logger="keras_memwatch"):
+        estimate = estimate_max_batch_size(model, x, y, trial_sizes=(8, 64),
+                                           fresh_process=True)
+    assert "only PyTorch on a GPU under an allocator cap" in caplog.text
+    assert all(o.how == STEP for o in estimate.evidence.observations)
+
+
+@pytest.mark.parametrize("kwargs, error, name", [
+    (dict(headroom=1.0), ValueError, "headroom"),
+    (dict(headroom="0.1"), TypeError, "headroom"),
+    (dict(headroom=True), TypeError, "headroom"),
+    (dict(trial_sizes=[8]), ValueError, "trial_sizes"),
+    (dict(trial_sizes=[0, 4]), ValueError, "trial_sizes"),
+    (dict(trial_sizes=8), TypeError, "trial_sizes"),
+    (dict(method="reserved"), ValueError, "method"),
+    (dict(fresh_process="yes"), TypeError, "fresh_process"),
+    (dict(progress="print"), TypeError, "progress"),
+    (dict(device="TPU:0"), ValueError, "device"),
+])
+def test_bad_arguments_are_refused_before_any_step(kwargs, error, name):
+    model = guide_model()
+    with pytest.raises(error, match=f"`{name}`"):
+        estimate_max_batch_size(model, np.zeros((4, 32)), np.zeros((4, 1)), **kwargs)
+    assert model.optimizer.iterations.numpy() == 0
+
+
+def test_a_model_that_is_not_compiled_is_refused():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    with pytest.raises(ValueError, match="compiled model"):
+        estimate_max_batch_size(model, np.zeros((2, 4)), np.zeros((2, 1)))
+
+
+def test_x_that_is_not_arrays_is_refused():
+    with pytest.raises(TypeError, match="arrays"):
+        estimate_max_batch_size(guide_model(), iter([1, 2]), None)

@@ -10,7 +10,7 @@ import sys
 from keras_memwatch import capacity
 from keras_memwatch.capacity import CapacityEstimate, estimate_max_batch_size
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_module_imports_no_framework():

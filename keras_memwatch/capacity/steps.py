@@ -1,0 +1,115 @@
+"""Real training steps in this process, measured by the device's peak.
+
+Any backend on the host (the peak resident set size, reset through
+`/proc/self/clear_refs` on Linux), PyTorch and TensorFlow on a GPU (the
+allocator's peak since the previous read). Each size trains `fit`'s own
+step (`batches.fit_steps`) from a clean state: garbage collected and, on
+PyTorch, the caching allocator's cache handed back, after a first step
+at that shape (tracing, compiling, choosing kernels). The collector stays
+paused during the steps, so that each size meets the same garbage: a
+step's inputs that Keras's PyTorch backend leaves in reference cycles
+(keras-team/keras#23110) are freed at moments no job controls.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Sequence
+from typing import Any, Callable
+
+from keras_memwatch.capacity.batches import Batches, fit_steps
+from keras_memwatch.capacity.device import Device, trim_host_heap
+from keras_memwatch.capacity.evidence import STEP, Observation
+from keras_memwatch.explain.oom import is_oom_error
+from keras_memwatch.units import format_bytes
+
+#: Steps per size on a GPU: the second reserves more than the first (the
+#: first's freed blocks do not all fit the second's requests).
+GPU_STEPS = 2
+
+
+class Steps:
+    """Answers "what does batch b need, and does it run?" with real steps.
+
+    Args:
+        model: a compiled, built Keras model.
+        data: its sample batch.
+        device: the device measured.
+        progress: receives a line per size.
+    """
+
+    how = STEP
+
+    def __init__(self, model: Any, data: Batches, device: Device,
+                 progress: Callable[[str], None]):
+        self.model = model
+        self.data = data
+        self.device = device
+        self.progress = progress
+        self.torch = None
+        if device.on_gpu and device.backend == "torch":
+            import torch
+
+            self.torch = torch
+        self.steps = GPU_STEPS if device.on_gpu else 1
+        fit_steps(model, data.take(1), 1)  # builds, compiles, warms up
+        self._clean()
+        self.in_use = device.in_use()
+        self.limit, self.limit_words, capped = device.limit(self.in_use)
+        #: Sizes above the limit may be tried: only under an allocator's
+        #: cap, where running out of memory is this process's alone.
+        self.above_limit = capped
+        self.ladder_width = 1
+        self.words = ("the allocator's peak of real steps" if device.on_gpu
+                      else "the host's peak resident memory of real steps")
+
+    def ladder(self, sizes: Sequence[int]) -> list[Observation]:
+        return [self._measure(b, ladder=True) for b in sizes]
+
+    def check(self, sizes: Sequence[int]) -> list[Observation]:
+        return [self._measure(b, ladder=False) for b in sizes]
+
+    def _clean(self) -> None:
+        gc.collect()
+        if self.torch is not None:
+            self.torch.cuda.synchronize(self.device.gpu_index)
+            self.torch.cuda.empty_cache()
+        elif not self.device.on_gpu:
+            trim_host_heap()
+
+    def _measure(self, size: int, ladder: bool) -> Observation:
+        batch = self.data.take(size)
+        began = time.perf_counter()  # the measured steps', after the first
+        try:
+            # The first step at a new shape traces and compiles, and on a
+            # GPU picks its kernels: not what a step of a long job needs.
+            fit_steps(self.model, batch, 1)
+            self._clean()
+            self.device.read()  # resets the peaks
+            began = time.perf_counter()
+            gc.disable()
+            fit_steps(self.model, batch, self.steps)
+            if self.torch is not None:
+                self.torch.cuda.synchronize(self.device.gpu_index)
+            peak = self.device.peak()
+            need = None if peak is None else max(peak - self.in_use, 0)
+            ran = True
+        except Exception as e:
+            if not is_oom_error(e):
+                raise
+            need, ran = None, False
+            del e
+        finally:
+            gc.enable()
+        seconds = time.perf_counter() - began
+        del batch
+        if not ran:
+            self._clean()
+        self.progress(f"estimate_max_batch_size: batch {size}, {self.steps} real "
+                      f"step(s) on {self.device.name}: "
+                      + ("out of memory" if not ran else
+                         "no peak read" if need is None else
+                         f"{format_bytes(need)} above what was in use"))
+        return Observation(size, need, STEP, ran=ran, ladder=ladder,
+                           seconds=round(seconds, 3))

@@ -1,0 +1,133 @@
+"""XLA's memory plan of `fit`'s train step, compiled (never run) at any size.
+
+JAX has no allocator peak that can be reset, but XLA plans every buffer of
+a compiled step ahead of time (`keras_memwatch.judge.xla_plan`), and
+compiling a size that does not fit is harmless. Where a plan would not fit
+the device, XLA recomputes activations instead of keeping them, so the
+plans stop growing with the batch well before a size fails: only a
+compilation tells where that ends.
+
+A step needs its plan less the training state (in memory already) plus the
+batches a `fit` holds on an accelerator ahead of the running step
+(`xla_plan.BATCHES_AHEAD`). Sizes compile side by side on a pool of
+threads (XLA's compiler releases the GIL); tracing runs one at a time. On
+a GPU the ladder compiles without autotuning (`AIM_OPTIONS`: about half
+the time; its plans only draw the line), and every check compiles as
+`fit` compiles, which `fit` then finds in JAX's cache.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
+
+from keras_memwatch.capacity.batches import Batches
+from keras_memwatch.capacity.device import Device
+from keras_memwatch.capacity.evidence import AIMED, PLAN, Observation
+from keras_memwatch.explain.oom import is_oom_error
+from keras_memwatch.judge import xla_plan
+from keras_memwatch.units import format_bytes
+
+#: Compiler options of the ladder's compilations on a GPU.
+AIM_OPTIONS: dict[str, Any] = {"xla_gpu_autotune_level": 0,
+                               "xla_gpu_enable_triton_gemm": False}
+#: Checks compiled side by side: each compilation as `fit` makes it
+#: autotunes kernels on every core.
+CHECKS_AT_ONCE = 3
+
+
+class Plans:
+    """Answers "what does batch b need, and does it fit?" with XLA's plans.
+
+    Args:
+        model: a compiled, built Keras model on the JAX backend.
+        data: its sample batch.
+        device: the device measured.
+        progress: receives a line per compilation.
+    """
+
+    how = PLAN
+    above_limit = True
+
+    def __init__(self, model: Any, data: Batches, device: Device,
+                 progress: Callable[[str], None]):
+        import jax
+
+        self.model = model
+        self.sample = data.take(1)
+        self.device = device
+        self.progress = progress
+        self.accelerator = jax.default_backend() != "cpu"
+        self.aim_options: Optional[dict[str, Any]] = (
+            dict(AIM_OPTIONS) if self.accelerator else None)
+        self.ladder_width = max(1, min(8, (os.cpu_count() or 1) // 2))
+        self._tracing = threading.Lock()
+        xla_plan.jitted_train_step(model)  # the step `fit` runs
+        self.in_use = device.in_use()
+        self.limit, self.limit_words, _ = device.limit(self.in_use)
+        self.words = "XLA's plan of the step as `fit` compiles it"
+
+    def ladder(self, sizes: Sequence[int]) -> list[Observation]:
+        return self._plans(sizes, aimed=self.aim_options is not None,
+                           width=self.ladder_width, ladder=True)
+
+    @property
+    def aims(self) -> bool:
+        """Whether `aim` is quicker than `check` (a GPU)."""
+        return self.aim_options is not None
+
+    def aim(self, sizes: Sequence[int]) -> list[Observation]:
+        """Quick plans without autotuning: they only aim the checks."""
+        return self._plans(sizes, aimed=True, width=self.ladder_width, ladder=False)
+
+    def check(self, sizes: Sequence[int]) -> list[Observation]:
+        return self._plans(sizes, aimed=False, width=CHECKS_AT_ONCE, ladder=False)
+
+    def ahead(self, size: int) -> int:
+        """Bytes of the batches a `fit` holds ahead of a step of `size`."""
+        if not self.accelerator:
+            return 0
+        return xla_plan.BATCHES_AHEAD * xla_plan.batch_bytes(self.sample, size)
+
+    def _plans(self, sizes: Sequence[int], aimed: bool, width: int,
+               ladder: bool) -> list[Observation]:
+        """Each size compiled (largest first: it takes longest)."""
+        results: dict[int, Observation] = {}
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(width, len(sizes)))) as pool:
+            jobs = {b: pool.submit(self._plan, b, aimed, ladder)
+                    for b in sorted(set(sizes), reverse=True)}
+            for b, job in jobs.items():
+                results[b] = job.result()
+        return [results[b] for b in sizes]
+
+    def _plan(self, size: int, aimed: bool, ladder: bool) -> Observation:
+        began = time.perf_counter()
+        with self._tracing:  # tracing runs Keras's Python: one at a time
+            lowered = xla_plan.lower_step(self.model, self.sample, size,
+                                          batches_ahead=0)
+        options = self.aim_options if aimed else None
+        need: Optional[int] = None
+        ran = True
+        try:
+            need = xla_plan.compiled_working_bytes(*lowered, options)
+        except Exception as e:
+            if is_oom_error(e):
+                ran = False
+            elif options is None:
+                raise
+            else:  # XLA refused the options: compile as `fit` does
+                self.aim_options, aimed = None, False
+                need = xla_plan.compiled_working_bytes(*lowered, None)
+        if need is not None:
+            need += self.ahead(size)
+        seconds = time.perf_counter() - began
+        self.progress(f"estimate_max_batch_size: compiled the step for batch {size}"
+                      + (" without autotuning" if aimed else "") + ": "
+                      + (format_bytes(need) if ran else "out of memory")
+                      + f" ({seconds:.1f} s)")
+        return Observation(size, need, AIMED if aimed else PLAN, ran=ran,
+                           ladder=ladder, seconds=round(seconds, 3))

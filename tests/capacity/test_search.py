@@ -1,0 +1,156 @@
+"""Which sizes the estimate asks about: the ladder, then the checks that
+bracket each answer, on fake devices whose true need is known."""
+
+from __future__ import annotations
+
+import pytest
+
+from capacity_helpers import GIB, MIB, FakeStrategy
+from keras_memwatch.capacity import search as S
+from keras_memwatch.capacity.evidence import PLAN
+
+ROOM = 9 * GIB  # FakeStrategy's limit less what is in use
+
+
+def largest(need, room):
+    """The truth: the largest batch whose true need fits `room`."""
+    b = 0
+    while need(b + 1) <= room:
+        b += 1
+    return b
+
+
+def allocator(overhead=1.1, per_sample=10 * MIB, static=100 * MIB):
+    """A GPU whose allocator needs `overhead` times what its peak reports."""
+    def reported(b):
+        return static + per_sample * b
+    return (lambda b: overhead * reported(b)), reported
+
+
+def test_under_a_cap_the_checks_find_the_largest_batch_that_runs():
+    need, reported = allocator()
+    fake = FakeStrategy(need, reported=reported)
+    ev = S.Search(fake, on_gpu=True, host_largest=None).run(0.1, None)
+    truth = largest(need, ROOM)
+    assert truth * (1 - S.RESOLUTION) <= ev.batch_size_for(0.0) <= truth
+    # under 10% headroom: what the checks taught (the allocator's 10%),
+    # not the line's answer, which would not even leave the headroom free
+    assert ev.batch_size_for(0.1) < ev.line_batch_size_for(0.1)
+    assert need(ev.batch_size_for(0.1)) <= ROOM - 0.1 * fake.limit
+    assert ev.batch_size_for(0.1) >= 0.97 * largest(need, ROOM - 0.1 * fake.limit)
+    ladder = [b for kind, b in fake.asked if kind == "ladder"]
+    assert ladder[0] == S.START and ladder == sorted(ladder)
+
+
+def test_without_a_cap_nothing_above_the_answer_is_tried():
+    need, reported = allocator()
+    fake = FakeStrategy(need, reported=reported, above_limit=False)
+    search = S.Search(fake, on_gpu=True, host_largest=None)
+    ev = search.run(0.1, None)
+    checks = [b for kind, b in fake.asked if kind == "check"]
+    assert checks and max(checks) <= ev.batch_size_for(0.1)
+    ladder = [b for kind, b in fake.asked if kind == "ladder"]
+    assert reported(max(ladder)) <= S.SAFE * ROOM
+
+
+def test_xla_plans_that_flatten_lift_the_ceiling_above_the_line():
+    def planned(b):  # above batch 600 XLA recomputes 70% of the activations
+        return 100 * MIB + 10 * MIB * min(b, 600) + 3 * MIB * max(b - 600, 0)
+    fake = FakeStrategy(planned, how=PLAN, ladder_width=4)
+    ev = S.Search(fake, on_gpu=True, host_largest=None).run(0.1, None)
+    truth = largest(planned, ROOM)
+    assert truth > ev.line_batch_size_for(0.0)
+    assert truth * (1 - 2 * S.RESOLUTION) <= ev.batch_size_for(0.0) <= truth
+    assert ev.recomputes_from is not None and ev.recomputes_from > 600
+    assert fake.asked[:4] == [("ladder", 1), ("ladder", 2), ("ladder", 4), ("ladder", 8)]
+
+
+def test_a_ladder_that_reaches_its_target_in_two_sizes_gets_the_sizes_between():
+    fake = FakeStrategy(lambda b: 400 * MIB * b)
+    S.Search(fake, on_gpu=True, host_largest=None).run(0.1, None)
+    ladder = sorted(b for kind, b in fake.asked if kind == "ladder")
+    assert len(ladder) >= 3
+
+
+def test_a_size_that_runs_out_of_memory_stops_the_ladder_and_counts():
+    # a step far bigger than its neighbours: the ladder meets the limit
+    fake = FakeStrategy(lambda b: 10 * MIB * b if b < 64 else 20 * GIB)
+    search = S.Search(fake, on_gpu=True, host_largest=None)
+    ev = search.run(0.1, None)
+    assert "ran out of memory" in search.stopped
+    assert ev.smallest_failure == 64 and ev.batch_size_for(0.0) < 64
+
+
+def test_on_the_host_nothing_is_checked_and_a_slow_size_ends_the_ladder():
+    fake = FakeStrategy(lambda b: MIB * b, above_limit=False, seconds=S.SLOW_S + 1)
+    search = S.Search(fake, on_gpu=False, host_largest=None)
+    search.run(0.1, None)
+    assert all(kind == "ladder" for kind, _ in fake.asked)
+    assert len(fake.asked) == 1 and "took" in search.stopped
+
+
+def test_the_ladder_never_builds_a_batch_the_host_has_no_room_for():
+    fake = FakeStrategy(lambda b: 1000 + b, above_limit=False)
+    search = S.Search(fake, on_gpu=False, host_largest=100)
+    search.run(0.1, None)
+    assert max(b for _, b in fake.asked) <= 100
+    assert "host's available memory" in search.stopped
+
+
+def test_given_sizes_are_the_ladder():
+    fake = FakeStrategy(lambda b: 10 * MIB * b, above_limit=False)
+    S.Search(fake, on_gpu=False, host_largest=None).run(0.1, [3, 9, 27])
+    assert fake.asked == [("ladder", 3), ("ladder", 9), ("ladder", 27)]
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.05])
+def test_the_checks_stop_within_their_budget(noise):
+    # a need that wanders, so that the answers keep moving
+    def need(b):
+        return 10 * MIB * b * (1 + noise * ((b * 7919) % 13) / 13)
+    fake = FakeStrategy(need)
+    search = S.Search(fake, on_gpu=True, host_largest=None)
+    search.run(0.1, None)
+    assert sum(kind == "check" for kind, _ in fake.asked) <= S.MAX_CHECKS
+
+
+def remat(b, start=600, saved=0.7):
+    """A plan that grows 70% slower above `start`: XLA recomputing."""
+    return 100 * MIB + 10 * MIB * min(b, start) + (1 - saved) * 10 * MIB * max(b - start, 0)
+
+
+def test_quick_aimed_plans_aim_and_plans_as_fit_compiles_decide():
+    fake = FakeStrategy(remat, how=PLAN, ladder_width=8,
+                        aimed=lambda b: 1.01 * remat(b))
+    ev = S.Search(fake, on_gpu=True, host_largest=None).run(0.1, None)
+    truth = largest(remat, ROOM)
+    assert truth * (1 - S.RESOLUTION) <= ev.batch_size_for(0.0) <= truth
+    assert sum(kind == "aim" for kind, _ in fake.asked) <= S.MAX_AIMED
+    assert sum(kind == "check" for kind, _ in fake.asked) <= 8
+
+
+def test_aimed_plans_that_say_no_too_early_do_not_cap_the_answer():
+    # the quick plans stop recomputing at 700; as fit compiles, XLA goes on
+    fake = FakeStrategy(remat, how=PLAN, ladder_width=8,
+                        aimed=lambda b: remat(b) if b < 700 else 20 * GIB)
+    ev = S.Search(fake, on_gpu=True, host_largest=None).run(0.1, None)
+    truth = largest(remat, ROOM)
+    assert ev.smallest_failure is None or ev.smallest_failure > truth
+    assert ev.batch_size_for(0.0) > 700
+
+
+def test_a_line_that_promises_too_much_is_bisected_down_to_the_truth():
+    # PyTorch, a transformer on an H200 (docs/capacity.md): the ladder stops
+    # at batch 44, its line says 144, and 144 runs out of memory. What a
+    # step really needs grows faster than the small batches showed.
+    def reported(b):
+        return 140 * MIB + 34 * MIB * b
+
+    def need(b):
+        return reported(b) * (1 + b / 400)
+    fake = FakeStrategy(need, reported=reported)
+    ev = S.Search(fake, on_gpu=True, host_largest=None).run(0.1, None)
+    truth = largest(need, ROOM)
+    assert truth * (1 - S.RESOLUTION) <= ev.batch_size_for(0.0) <= truth
+    assert need(ev.batch_size_for(0.1)) <= ROOM
+    assert sum(kind == "check" for kind, _ in fake.asked) <= S.MAX_CHECKS
