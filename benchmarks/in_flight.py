@@ -2,7 +2,7 @@
 
 Keras's JAX loop dispatches steps ahead of the device, and each step
 dispatched holds its batch on the device until it runs; the estimate counts
-them (`keras_memwatch.capacity.run_ahead`). This trains one epoch of `--steps` steps
+them (`xla_plan.BATCHES_AHEAD`). This trains one epoch of `--steps` steps
 of one batch repeated, in this process, and reads the device memory in use
 at every batch end (on Keras's worker thread, so nothing waits for a step)
 less what was in use before and the plan: the batches dispatched and not
@@ -27,15 +27,21 @@ import time
 from typing import Any, Optional
 
 
+def batches_held(in_use: list[int], before: int, plan: int,
+                 batch_bytes: int) -> list[float]:
+    """The batches held beyond the step's plan at each batch end: the device
+    memory in use less what was in use before and the plan, in batches."""
+    return [(b - before - plan) / batch_bytes for b in in_use]
+
+
 def in_flight(name: str, batch: int, steps: int, sync: bool,
               series: bool = False) -> dict[str, Any]:
     import jax
     import keras
 
-    from benchmarks.verify_capacity import build, data
+    from benchmarks.models import build, data
     from keras_memwatch.judge import xla_plan
     from keras_memwatch.capacity.batches import repeated
-    from keras_memwatch.capacity.run_ahead import batches_held
 
     device = jax.devices()[0]
     if device.memory_stats() is None:
@@ -91,7 +97,7 @@ def _median(values: list[float]) -> Optional[float]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", help="a model of benchmarks.verify_capacity")
+    parser.add_argument("model", help="a model of benchmarks.models")
     parser.add_argument("batch", type=int)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--mode", choices=("async", "sync"), default="async")
