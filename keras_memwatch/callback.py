@@ -97,11 +97,12 @@ class MemWatch(keras.callbacks.Callback):
             GPU, or of the host without one) to the batch and epoch `logs`,
             so `History`, `CSVLogger` and the progress bar show them.
             Defaults to `True`.
-        allow_growth, memory_limit_mb: apply `configure_memory` now. It only
+        allow_growth: apply `configure_memory` now. It only
             works before the framework has set up its devices, which is
             usually before the model is built: prefer calling
             `keras_memwatch.configure_memory` first thing in the script.
             Defaults to `None` (leave as is).
+        memory_limit_mb: likewise. Defaults to `None` (leave as is).
         probes: `"auto"` (the active backend's allocator, NVML and the
             host), a probe name, or a list of names and `Probe` instances.
             Defaults to `"auto"`.

@@ -111,12 +111,15 @@ class SpikeDetector:
 
     Example:
 
+    ```pycon
     >>> detector = SpikeDetector(window=50, threshold=1.5, min_delta_mb=64)
     >>> peaks_mib = [200, 210, 190, 205, 200, 1300]
     >>> [detector.update(mib * 2**20) for mib in peaks_mib]
     [False, False, False, False, False, True]
     >>> detector.baseline / 2**20
     200.0
+
+    ```
     """
 
     __slots__ = (

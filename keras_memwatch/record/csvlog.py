@@ -276,10 +276,12 @@ def load_log(path: Union[PathLike, Sequence[PathLike]]) -> pd.DataFrame:
 
     Example:
 
+    ```pycon
     >>> frame = load_log("memwatch.csv")  # doctest: +SKIP
     >>> frame.groupby("device")["peak_bytes"].max()  # doctest: +SKIP
     >>> merged = load_log("mem.rank*.csv")  # doctest: +SKIP
     >>> merged.groupby(["process", "device"])["peak_bytes"].max()  # doctest: +SKIP
+    ```
     """
     paths, several = _expand(path)
     if not several:
