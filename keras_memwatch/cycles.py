@@ -1,18 +1,12 @@
 """A callback that frees what reference cycles hold, every few batches.
 
-Keras's PyTorch backend (3.15.1, the version measured) leaves each step's
-input batch, and some of its activations, in reference cycles
-(keras-team/keras#23110).
-Only Python's cyclic garbage collector frees them, at moments set by
-everything the process allocates, so device memory can pile up for many
-steps and a job dies at a size that trained its first epochs. On an H200
-under a 6 GiB cap, in new processes training 2 epochs of 300 steps side by
-side, the transformer of `benchmarks/verify_capacity.py` ran out of memory
-at batch 118, 129 and 133 and trained at 125; the ResNet ran out at 178,
-186 and 199 and trained at 192: all sizes that had trained 60 steps. With
-this callback (`--trial-collect-every 50`), 118 and 133, 178 and 199 trained
-the 600 steps, while 118 and 178 without it failed again beside them; its
-12 collections took 3.2-3.3 s, 1.7-2.6% of each job.
+Keras's PyTorch backend leaves each step's input batch, and some of its
+activations, in reference cycles (keras-team/keras#23110). Only Python's
+cyclic garbage collector frees them, at moments set by everything the
+process allocates, so device memory can pile up for many steps and a job
+dies at a size that trained its first epochs. A full collection every few
+batches bounds that. The jobs that show it, and what the collections cost,
+are in docs/capacity.md.
 """
 
 from __future__ import annotations
@@ -31,12 +25,11 @@ logger = logging.getLogger("keras_memwatch")
 class CollectCycles(keras.callbacks.Callback):
     """Runs Python's full garbage collection every `every` training batches.
 
-    A collection took 0.25-0.28 s in those jobs (a process holding a Keras
-    model; a job's total is in `seconds`): every 50 batches, 1.1-1.3% of
-    their time. The callback reads no logs, so Keras may run it on its
-    worker threads without waiting for the step (`async_safe`). With the
-    JAX and TensorFlow backends nothing is held in cycles and it is not
-    needed.
+    A collection takes a fraction of a second in a process holding a Keras
+    model (a job's total is in `seconds`). The callback reads no logs, so
+    Keras may run it on its worker threads without waiting for the step
+    (`async_safe`). With the JAX and TensorFlow backends nothing is held in
+    cycles and it is not needed.
 
     Args:
         every: batches between collections, a positive integer.

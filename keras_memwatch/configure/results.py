@@ -24,7 +24,7 @@ class DeviceMemoryConfig:
             default because growth was not asked for.
         limit_bytes: the cap on this device, in bytes, or `None` for no cap.
             Under JAX it is `fraction * total_bytes`; XLA rounds its pool to
-            its own granularity (up to 2 MiB seen on an H200), and the
+            its own granularity (a few MiB), and the
             device's `memory_stats()["bytes_limit"]` gives the exact figure.
         total_bytes: the device's total memory in bytes as CUDA reports it
             (NVML's total less what the driver reserves), when it was read
