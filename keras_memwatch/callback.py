@@ -3,11 +3,12 @@ sampler, the spike monitor judges, the recorder and the log keep."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import keras
 import pandas as pd
@@ -21,15 +22,29 @@ from keras_memwatch.judge.events import SpikeEvent
 from keras_memwatch.record.probes import resolve_probes
 from keras_memwatch.record.pipeline import Pipeline
 from keras_memwatch.configure.ranks import hostname, process_index_and_count
-from keras_memwatch.record.recorder import Recorder
+from keras_memwatch.record.recorder import Recorder, concat_frames
 from keras_memwatch.explain.report import summarize
 from keras_memwatch.record.sampler import Row, Sampler
 from keras_memwatch.judge.spikes import SpikeMonitor
 from keras_memwatch.files import open_new, refuse_existing
 from keras_memwatch.record.logs_metrics import LogsMetrics, add_metrics
+from keras_memwatch.record.tuner_trial import tuner_trial_id
 from keras_memwatch.judge.step_plan import PLAN_SOURCE, StepPlanner, attach_planner
 
 logger = logging.getLogger("keras_memwatch")
+
+#: The model's flag that stops each kind of call, and the call in words.
+_STOP_FLAGS = {"train": "stop_training", "test": "stop_evaluating",
+               "predict": "stop_predicting"}
+_CALL_NAMES = {"train": "training", "test": "evaluation", "predict": "prediction"}
+
+
+class _Call(NamedTuple):
+    """One call of `fit`, `evaluate` or `predict` in a watch's record."""
+
+    phase: str  # "train" for a fit
+    recorder: Recorder
+    monitor: SpikeMonitor
 
 
 def _never_raises(hook: Callable) -> Callable:
@@ -158,6 +173,7 @@ class MemWatch(keras.callbacks.Callback):
         self.max_rows = None if max_rows is None else options.positive_int(
             "max_rows", max_rows)
         self._probes = resolve_probes(probes, keras.backend.backend())
+        self._probes_option = probes
         self.memory_config = None
         if allow_growth is not None or memory_limit_mb is not None:
             from keras_memwatch.configure import configure_memory
@@ -169,59 +185,125 @@ class MemWatch(keras.callbacks.Callback):
         self._plan_note = ""
         self.process, self.process_count, self.hostname = 0, 1, ""
         self._sampler = Sampler(self._probes)
-        self._recorder = Recorder(self.max_rows)
+        self._calls: list[_Call] = []  # the record: the last fit and the calls since
         self._lock = threading.Lock()
-        self._monitor: Optional[SpikeMonitor] = None
         self._pipe: Optional[Pipeline] = None
-        self._training = False
+        self._phase: Optional[str] = None  # of the call running: "train" for a fit
+        self._recording = False
         self._faults: set[str] = set()
+
+    # -- copies ------------------------------------------------------------
+
+    def __deepcopy__(self, memo: dict) -> "MemWatch":
+        """A new watch with the same options that has recorded nothing.
+
+        Trial runners such as KerasTuner copy the callbacks for every trial.
+        `on_spike` is shared (the same callable), probe instances given in
+        `probes` are copied, and the memory settings of `allow_growth` and
+        `memory_limit_mb` are not applied again.
+        """
+        probes = self._probes_option
+        if not isinstance(probes, str):
+            probes = [p if isinstance(p, str) else copy.deepcopy(p, memo)
+                      for p in probes]
+        twin = type(self)(**self._options(), probes=probes)
+        twin.memory_config = self.memory_config
+        memo[id(self)] = twin
+        return twin
+
+    def __reduce__(self) -> tuple:
+        """Pickles a watch that has recorded nothing (as its options);
+        refuses one that has, saying what to do instead."""
+        if self._calls or self._recording:
+            raise TypeError(
+                "Expected a MemWatch that has recorded nothing: its record, "
+                "threads and open probes cannot be pickled. Received: a watch "
+                f"that recorded {len(self._calls)} call(s). Pickle "
+                "watch.to_dataframe() (or stream it with log_path=...) to send "
+                "the record, and copy.deepcopy(watch) or a new MemWatch(...) to "
+                "watch in another process.")
+        return (_rebuilt, (type(self), self._options(), self._probes_option,
+                           self.memory_config))
+
+    def _options(self) -> dict[str, Any]:
+        """The options a copy is made with (not `probes`, nor the memory
+        settings, which are applied once)."""
+        return dict(
+            every_n_batches=self.every_n_batches, window=self.window,
+            threshold=self.threshold, min_delta_mb=self.min_delta_mb,
+            warmup=self.warmup, log_path=self.log_path, on_spike=self.on_spike,
+            add_to_logs=self.add_to_logs, verbose=self.verbose,
+            max_rows=self.max_rows)
 
     # -- Keras hooks -------------------------------------------------------
 
     def on_train_begin(self, logs=None):
+        self._begin("train")
+
+    def on_test_begin(self, logs=None):
+        if not self._recording:  # Keras's validation inside a fit is the fit's
+            self._begin("test")
+
+    def on_predict_begin(self, logs=None):
+        if not self._recording:
+            self._begin("predict")
+
+    def _begin(self, phase: str) -> None:
+        """Starts recording a call: a fit starts a new record, `evaluate`
+        and `predict` add to it."""
         self._close()
         self._faults = set()
+        if phase == "train":
+            self._calls = []
+        call = len(self._calls)
         devices = self._sampler.start()
         self.process, self.process_count = process_index_and_count()
         self.hostname = hostname()
-        self._recorder.reset(self._sampler.device_columns, self.process,
-                             self.hostname)
-        self._planner, self._plan_note, planned = attach_planner(self.model)
-        self._monitor = SpikeMonitor(
+        recorder = Recorder(self.max_rows)
+        recorder.reset(self._sampler.device_columns, self.process, self.hostname,
+                       call)
+        planned: tuple[str, ...] = ()
+        if phase == "train":
+            self._planner, self._plan_note, planned = attach_planner(self.model)
+        monitor = SpikeMonitor(
             devices, self.window, self.threshold, self.min_delta_mb,
             self.warmup, alert=self.verbose > 0, planned=planned,
             per_step_peak=self._sampler.per_step_peak,
             peak_at=self._sampler.peak_at,
             where=(f"process {self.process} on {self.hostname}: "
-                   if self.process_count > 1 else ""))
+                   if self.process_count > 1 else ""), call=call)
+        self._calls.append(_Call(phase, recorder, monitor))
         log = None
         if self.log_path is not None:
-            # One file per process; a name already taken (another process
-            # or job, an earlier fit) gives the next free one, never an error.
+            # One file per call and process; a name already taken (another
+            # process or job, an earlier call) gives the next free one.
+            trial = tuner_trial_id()
             log = open_log(self.log_path, self.process, self.process_count,
-                           self.hostname, earlier=self.log_paths)
+                           self.hostname, earlier=self.log_paths, call=call,
+                           trial=trial)
             if log is not None:
                 self.log_paths.append(log.path)
+                if trial is not None:
+                    logger.info("KerasTuner trial %s: memory log %s", trial,
+                                log.path)
         self._epoch = 0
         self._t0 = time.perf_counter()
         primary = devices.index(main_device(devices)) if devices else 0
-        self._pipe = Pipeline(self._sampler, self._monitor, self._recorder, log,
-                              self._planner, primary, self._lock, self._t0)
-        self._metrics = LogsMetrics(self._sampler, primary, self._planner)
-        self._training = True
+        planner = self._planner if phase == "train" else None
+        self._pipe = Pipeline(self._sampler, monitor, recorder, log, planner,
+                              primary, self._lock, self._t0)
+        metrics = LogsMetrics(self._sampler, primary, planner,
+                              in_order=not self.async_safe)
+        self._phase, self._recording = phase, True
         with self._lock:
-            self._pipe.pending.append((("train", 0, None), self._t0, self._sampler.read()))
+            first = self._sampler.read()
+            metrics.begin(first)
+            self._pipe.pending.append(((phase, 0, None), self._t0, first))
         self._pipe.drain()
         self._pipe.start()
-        self._install_hooks()
-
-    def _install_hooks(self) -> None:
-        """Puts this fit's batch hooks in front of the methods below."""
         spe = max(int(getattr(self.model, "steps_per_execution", 1) or 1), 1)
-        planner = self._planner
         batch_hooks.install(self, batch_hooks.batch_hooks(
-            self, self._sampler.read,
-            self._metrics.add if self.add_to_logs else None,
+            self, self._sampler.read, metrics if self.add_to_logs else None,
             planner.expect if planner is not None else None,
             self.every_n_batches, spe,
             # Hooks on the training thread run in batch order: nothing to
@@ -233,8 +315,8 @@ class MemWatch(keras.callbacks.Callback):
         if self._pipe is not None:
             self._pipe.epoch_peak = None
 
-    # The batch hooks of a fit are built and installed by `batch_hooks` at
-    # train begin, in front of these methods, which answer outside a fit.
+    # The batch hooks of a call are built and installed by `batch_hooks` at
+    # its begin, in front of these methods, which answer outside a call.
     # They must exist: Keras keeps a callback that is not `async_safe` on the
     # training thread only when it defines a batch-end hook.
 
@@ -245,14 +327,20 @@ class MemWatch(keras.callbacks.Callback):
         """Nothing to do outside a fit."""
 
     def on_test_batch_begin(self, batch, logs=None):
-        """Nothing to do outside a fit."""
+        """Nothing to do outside a call."""
 
     def on_test_batch_end(self, batch, logs=None):
-        """Nothing to do outside a fit."""
+        """Nothing to do outside a call."""
+
+    def on_predict_batch_begin(self, batch, logs=None):
+        """Nothing to do outside a call."""
+
+    def on_predict_batch_end(self, batch, logs=None):
+        """Nothing to do outside a call."""
 
     @_never_raises
     def on_epoch_end(self, epoch, logs=None):
-        if not self._training:
+        if self._phase != "train" or not self._recording:
             return
         self._pipe.end_epoch(epoch)
         if self.add_to_logs and logs is not None:
@@ -261,13 +349,23 @@ class MemWatch(keras.callbacks.Callback):
 
     @_never_raises
     def on_train_end(self, logs=None):
-        if not self._training:
+        if self._phase != "train" or not self._recording:
             return
         self._finish()
-        if self.verbose and self._recorder.total_samples:
+        if self.verbose and self._calls and self._calls[0].recorder.total_samples:
             logger.info("%s", self.summary())
 
-    # -- during a fit -----------------------------------------------------
+    @_never_raises
+    def on_test_end(self, logs=None):
+        if self._phase == "test" and self._recording:
+            self._finish()
+
+    @_never_raises
+    def on_predict_end(self, logs=None):
+        if self._phase == "predict" and self._recording:
+            self._finish()
+
+    # -- during a call ----------------------------------------------------
 
     def _chores(self) -> None:
         """On the training thread: drains if the pipeline's thread fell
@@ -285,9 +383,11 @@ class MemWatch(keras.callbacks.Callback):
                            error, exc_info=True)
 
     def _finish(self) -> None:
-        """Ends a fit: every sample recorded, on_spike called, all closed."""
-        self._training = False
+        """Ends a call: every sample recorded, on_spike called, all closed."""
+        self._recording = False
         self._pipe.stop()
+        if self._phase != "train":  # a fit closed its bursts at epoch end
+            self._pipe.monitor.end_epoch(0)
         self._deliver()
         self._close()
 
@@ -304,10 +404,12 @@ class MemWatch(keras.callbacks.Callback):
                 logger.warning("on_spike raised %r; training goes on", e)
                 continue
             if stop is True and self.model is not None:
-                self.model.stop_training = True
+                flag = _STOP_FLAGS.get(self._phase or "train", "stop_training")
+                setattr(self.model, flag, True)
                 if self.verbose:
                     logger.warning("on_spike returned True at epoch %s batch %s: "
-                                   "training stops", event.epoch, event.batch)
+                                   "%s stops", event.epoch, event.batch,
+                                   _CALL_NAMES.get(event.phase, "training"))
 
     def _close(self) -> None:
         batch_hooks.remove(self)
@@ -322,45 +424,56 @@ class MemWatch(keras.callbacks.Callback):
     # -- results -----------------------------------------------------------
 
     def to_dataframe(self) -> pd.DataFrame:
-        """The record of the last fit: one row per sample per device.
+        """The record: one row per sample per device, of the last fit and
+        of the `evaluate` and `predict` calls since (or of those calls
+        alone, without a fit).
 
-        Columns and dtypes are listed in the README; bytes are nullable
-        integers (`Int64`), missing where a source cannot give a value.
+        Each call's rows carry its `call` number (0, 1, ...) and count
+        `step` from 0; `phase` says `train`, `test` (validation inside a
+        fit, or `evaluate`) or `predict`. Columns and dtypes are listed in
+        the README; bytes are nullable integers (`Int64`), missing where a
+        source cannot give a value.
         """
         if self._pipe is not None:
             self._pipe.drain()
-        return self._recorder.to_dataframe()
+        return concat_frames([c.recorder.to_dataframe() for c in self._calls])
 
     @property
     def spikes(self) -> pd.DataFrame:
-        """The spike events of the last fit, one row each."""
-        return spike_table(self._monitor.events if self._monitor else [])
+        """The spike events of the record, one row each (with their
+        `phase` and `call`)."""
+        return spike_table([e for c in self._calls for e in c.monitor.events])
 
     @property
     def training(self) -> bool:
         """Whether a fit is running (its probes are open)."""
-        return self._training
+        return self._recording and self._phase == "train"
 
     @property
     def sources(self) -> dict[str, str]:
-        """What each probe of the last fit could see, or why it could not."""
+        """What each probe of the last call could see, or why it could not."""
         notes = dict(self._sampler.notes)
-        if self._planner is not None:
-            quiet = {d: n for d, n in zip(self._monitor.devices,
-                                          self._monitor.compiling) if n}
+        fit = self._fit()
+        if self._planner is not None and fit is not None:
+            quiet = {d: n for d, n in zip(fit.monitor.devices,
+                                          fit.monitor.compiling) if n}
             notes[PLAN_SOURCE] = self._planner.describe(quiet)
-        elif self._plan_note:
+        elif self._plan_note and fit is not None:
             notes[PLAN_SOURCE] = self._plan_note
         return notes
 
+    def _fit(self) -> Optional[_Call]:
+        """The record's fit, or None."""
+        return self._calls[0] if self._calls and self._calls[0].phase == "train" else None
+
     def sample_now(self) -> dict[str, Row]:
-        """Reads every probe now, during a fit, without recording the sample.
+        """Reads every probe now, during a call, without recording the sample.
 
         The peaks since the last recorded sample are read (and reset), so
-        use it where the fit is over anyway: `guard()` calls it on an
-        out-of-memory error. Returns `{}` when no fit is running.
+        use it where the call is over anyway: `guard()` calls it on an
+        out-of-memory error. Returns `{}` when no call is running.
         """
-        if not self._training:
+        if not self._recording:
             return {}
         return dict(zip(self._sampler.devices, self._pipe.read_now()))
 
@@ -411,8 +524,9 @@ class MemWatch(keras.callbacks.Callback):
             batch_size: the training batch size, to give a step's working
                 memory per sample. Defaults to `None`.
         """
-        drift = self._monitor.drift_events if self._monitor else []
-        rises = self._monitor.rise_events if self._monitor else []
+        fit = self._fit()
+        drift = fit.monitor.drift_events if fit is not None else []
+        rises = fit.monitor.rise_events if fit is not None else []
         return summarize(self.to_dataframe(), self.spikes, drift, self.sources,
                          breakdown=self.breakdown(batch_size), rises=rises)
 
@@ -446,7 +560,7 @@ class MemWatch(keras.callbacks.Callback):
         """Ends a fit that raised: commits waiting samples, closes the
         probes and the streamed log. Keras skips `on_train_end` when `fit`
         raises; `guard()` calls this for you."""
-        if self._training:
+        if self._recording:
             self._finish()
         self._close()
 
@@ -497,3 +611,11 @@ def _asynchronous_steps() -> bool:
     import torch
 
     return bool(torch.cuda.is_available())
+
+
+def _rebuilt(cls: type, options: dict[str, Any], probes: Any,
+             memory_config: Any) -> MemWatch:
+    """A watch unpickled: its options, nothing recorded."""
+    watch = cls(**options, probes=probes)
+    watch.memory_config = memory_config
+    return watch
