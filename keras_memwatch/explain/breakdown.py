@@ -121,26 +121,29 @@ def _max(values: pd.Series) -> Optional[int]:
     return None if values.empty else int(values.max())
 
 
-def step_peaks(rows: pd.DataFrame) -> bool:
+def step_peaks(rows: pd.DataFrame, phase: str = "train") -> bool:
     """Whether a device's `peak_bytes` is a peak per step.
 
-    It is when every training step with a reading has a peak: a per-step
-    source, or XLA's plan (JAX). Where the source only has a process-lifetime
-    high-water mark, `peak_bytes` is known only at the steps that raised it.
+    It is when every step of the phase with a reading has a peak: a
+    per-step source, or XLA's plan (JAX). Where the source only has a
+    process-lifetime high-water mark, `peak_bytes` is known only at the
+    steps that raised it.
     """
-    steps = rows[(rows["phase"] == "train") & rows["batch"].notna()]
+    steps = rows[(rows["phase"] == phase) & rows["batch"].notna()]
     read = steps["current_bytes"].notna()
     return bool(read.any() and steps.loc[read, "peak_bytes"].notna().all())
 
 
-def device_memory(frame: pd.DataFrame) -> dict[str, dict[str, Any]]:
-    """Per-device figures of the training steps of a record.
+def device_memory(frame: pd.DataFrame, phase: str = "train") -> dict[str, dict[str, Any]]:
+    """Per-device figures of the steps of one phase of a record.
 
     Args:
         frame: the record (`MemWatch.to_dataframe()` or `load_log(...)`).
+        phase: `"train"`, `"test"` or `"predict"`. Defaults to `"train"`.
 
     Returns:
-        device -> dict with, in bytes (`None` when unknown):
+        device -> dict with, in bytes (`None` when unknown), `steps` (how
+        many steps of the phase were sampled) and
         `peak_bytes` (highest peak of a step), `typical_peak_bytes`
         (median), `in_use_bytes` (median memory in use after a step),
         `limit_bytes` (allocator limit, else the device's total),
@@ -160,12 +163,14 @@ def device_memory(frame: pd.DataFrame) -> dict[str, dict[str, Any]]:
     if frame.empty:
         return out
     for device in pd.unique(frame["device"].astype(str)):
-        rows = frame[frame["device"].astype(str) == device].sort_values("step")
-        is_step = (rows["phase"] == "train") & rows["batch"].notna()
+        rows = frame[frame["device"].astype(str) == device].sort_values(
+            [C.CALL, "step"], kind="stable")
+        is_step = (rows["phase"] == phase) & rows["batch"].notna()
         steps = rows[is_step]
         peak, current = steps["peak_bytes"], steps["current_bytes"]
         working = working_memory_of(rows)[is_step]
         info: dict[str, Any] = {
+            "steps": len(steps),
             "peak_bytes": _max(peak),
             "typical_peak_bytes": _median(peak),
             "in_use_bytes": _median(current),
@@ -181,7 +186,7 @@ def device_memory(frame: pd.DataFrame) -> dict[str, dict[str, Any]]:
             "unallocated_bytes": _max(reserved_unallocated(steps)),
         }
         known = working.dropna()
-        if step_peaks(rows):
+        if step_peaks(rows, phase):
             source = "XLA plan" if steps[C.PLAN].notna().all() else "per-step peak"
             if not known.empty:
                 info["transient_bytes"] = int(known.median())
@@ -262,8 +267,8 @@ def memory_breakdown(
     out["devices"] = devices
     main = next((d for d in devices if d != HOST_DEVICE), None) or (
         HOST_DEVICE if HOST_DEVICE in devices else None)
-    if main is None:
-        notes.append("no training samples recorded, so no step working memory")
+    if main is None or not devices[main]["steps"]:
+        notes.append("no training steps recorded, so no step working memory")
     else:
         info = devices[main]
         out["device"] = main
