@@ -200,14 +200,14 @@ class MemWatch(keras.callbacks.Callback):
         Trial runners such as KerasTuner copy the callbacks for every trial.
         `on_spike` is shared (the same callable), probe instances given in
         `probes` are copied, and the memory settings of `allow_growth` and
-        `memory_limit_mb` are not applied again.
+        `memory_limit_mb` are not applied again. The copy streams to a file
+        of its own: named after its KerasTuner trial, or the next free name.
         """
         probes = self._probes_option
         if not isinstance(probes, str):
             probes = [p if isinstance(p, str) else copy.deepcopy(p, memo)
                       for p in probes]
-        twin = type(self)(**self._options(), probes=probes)
-        twin.memory_config = self.memory_config
+        twin = _rebuilt(type(self), self._options(), probes, self.memory_config)
         memo[id(self)] = twin
         return twin
 
@@ -615,7 +615,9 @@ def _asynchronous_steps() -> bool:
 
 def _rebuilt(cls: type, options: dict[str, Any], probes: Any,
              memory_config: Any) -> MemWatch:
-    """A watch unpickled: its options, nothing recorded."""
+    """A watch copied or unpickled: its options, nothing recorded. Its
+    `log_path` is not refused for existing: the log it wrote is one."""
+    log_path = options.pop("log_path")
     watch = cls(**options, probes=probes)
-    watch.memory_config = memory_config
+    watch.log_path, watch.memory_config = log_path, memory_config
     return watch
