@@ -62,10 +62,11 @@ def _never_raises(hook: Callable) -> Callable:
 
 
 class MemWatch(keras.callbacks.Callback):
-    """Records memory at every training batch and flags the batches that jump.
+    """Records memory at every batch and flags the batches that jump.
 
-    At train begin and at the end of every `every_n_batches`-th training
-    (and validation) batch, MemWatch reads every available memory source
+    Passed to `fit`, `evaluate` or `predict`, at the start of the call and
+    at the end of every `every_n_batches`-th batch (training, validation,
+    evaluation or prediction), MemWatch reads every available memory source
     and keeps one row per device:
 
     - the framework allocator (`allocator_current_bytes`,
@@ -80,10 +81,16 @@ class MemWatch(keras.callbacks.Callback):
     `peak_bytes` and `current_bytes` are the best of these for each device,
     in bytes; a value a source cannot give is missing, never 0. A step whose
     working memory (peak minus the memory in use before it) jumps above a
-    rolling baseline is a spike: logged at WARNING, passed to `on_spike`,
-    and listed in `spikes`. Sustained growth over an epoch is reported as
-    drift. The callback is `async_safe`: with the JAX and PyTorch backends
-    its batch hook runs on Keras's worker threads and training stays
+    rolling baseline of its phase (`train`, `test`, `predict`) is a spike:
+    logged at WARNING, passed to `on_spike`, and listed in `spikes`.
+    Sustained growth over an epoch of training is reported as drift.
+
+    A `fit` starts a new record; each `evaluate` and `predict` call after it
+    adds its rows, numbered by `call` (0 for the fit), `step` counting from
+    0 in each. `copy.deepcopy(watch)` gives a watch with the same options
+    that has recorded nothing (KerasTuner copies callbacks for each trial).
+    The callback is `async_safe`: with the JAX and PyTorch backends its
+    batch hook runs on Keras's worker threads and training stays
     asynchronous.
 
     Args:
@@ -95,22 +102,27 @@ class MemWatch(keras.callbacks.Callback):
             `64`.
         warmup: first samples of a fit that are recorded, never judged.
             Defaults to `5`.
-        log_path: stream rows to this new CSV file as training runs (an
-            existing file is never overwritten; a name already taken, by
-            another process or job or an earlier fit of the same instance,
-            gives `name.1.csv`, `name.2.csv`, ...). When several processes
-            train, each writes its own file: `name.rank{N}.csv`, or the
-            path with `{rank}` replaced where it has one. Defaults to
-            `None`.
+        log_path: stream rows to this new CSV file as training runs, one
+            file per call (an existing file is never overwritten; a name
+            already taken, by another process or job or an earlier call of
+            the same instance, gives `name.1.csv`, `name.2.csv`, ...). When
+            several processes train, each writes its own file:
+            `name.rank{N}.csv`, or the path with `{rank}` replaced where it
+            has one. Inside a KerasTuner trial, the trial's id goes in the
+            name: `name.trial{ID}.csv`. Defaults to `None`.
         on_spike: callable receiving each `SpikeEvent`. It is called on the
             training thread at the start of the next batch (or at epoch
-            end). Returning `True` stops training after the batch in
-            flight (as setting `model.stop_training = True` does); any
-            other return value is ignored. Its errors are logged, never
-            raised. Defaults to `None`.
+            end). Returning `True` stops the call after the batch in
+            flight (as setting `model.stop_training`, `stop_evaluating` or
+            `stop_predicting` does); any other return value is ignored. Its
+            errors are logged, never raised. Defaults to `None`.
         add_to_logs: add `mem_peak_mib` and `mem_current_mib` (of the first
             GPU, or of the host without one) to the batch and epoch `logs`,
-            so `History`, `CSVLogger` and the progress bar show them.
+            so `History`, `CSVLogger` and the progress bar show them: the
+            figures of the batch's row. Where batch hooks run on Keras's
+            worker threads and a hook runs before an earlier batch's has
+            read, it logs the latest known batch's figures instead, as
+            `mem_peak_mib_prior_batch` and `mem_current_mib_prior_batch`.
             Defaults to `True`.
         allow_growth, memory_limit_mb: apply `configure_memory` now. It only
             works before the framework has set up its devices, which is
@@ -122,9 +134,9 @@ class MemWatch(keras.callbacks.Callback):
             Defaults to `"auto"`.
         verbose: `0` records silently; `1` logs alerts and the summary.
             Defaults to `1`.
-        max_rows: keep only the newest `max_rows` samples in memory (the
-            streamed log stays complete), or all when `None`. Defaults to
-            `None`.
+        max_rows: keep only the newest `max_rows` samples of each call in
+            memory (the streamed log stays complete), or all when `None`.
+            Defaults to `None`.
 
     Raises:
         ValueError, TypeError: for a bad option, before training starts.
@@ -136,6 +148,7 @@ class MemWatch(keras.callbacks.Callback):
     ```python
     watch = MemWatch()
     model.fit(x, y, epochs=3, callbacks=[watch])
+    model.predict(x_new, callbacks=[watch])
     watch.to_dataframe()   # one row per sampled batch per device
     watch.spikes           # the batches that jumped
     print(watch.summary())
@@ -515,9 +528,10 @@ class MemWatch(keras.callbacks.Callback):
         return plot_memory(self.to_dataframe(), self.spikes, path=path, ax=ax)
 
     def summary(self, batch_size: Optional[int] = None) -> str:
-        """A short report of the last fit: where the memory went (weights,
+        """A short report of the record: where the memory went (weights,
         optimizer state, a step's working memory), peak and typical memory
-        per device, limit and headroom, spikes, drift, and what each source
+        per device, limit and headroom, spikes, for the training steps and
+        apart for the test and predict batches; drift, and what each source
         could and could not see.
 
         Args:

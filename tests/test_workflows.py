@@ -337,12 +337,15 @@ IN_FLIGHT = 600 * MIB  # what a reading holds when it catches a step in flight
 
 
 class InFlightGPU(Probe):
-    """A JAX GPU as its allocator reports it: no per-step peak, and every
-    third reading taken while a step is in flight."""
+    """A JAX GPU as its allocator reports it: no per-step peak, `in_use`
+    between steps, and every third reading taken while a step is in flight."""
 
     name = "in flight"
     columns = (C.ALLOCATOR_CURRENT, C.ALLOCATOR_PEAK, C.ALLOCATOR_LIMIT)
     peak_per_sample = False
+
+    def __init__(self, in_use=STATE):
+        self.in_use = in_use
 
     def start(self):
         self.reads, self.high_water = 0, 0
@@ -350,7 +353,7 @@ class InFlightGPU(Probe):
 
     def read(self):
         self.reads += 1
-        current = STATE + (IN_FLIGHT if self.reads % 3 == 0 else 0)
+        current = self.in_use + (IN_FLIGHT if self.reads % 3 == 0 else 0)
         self.high_water = max(self.high_water, current)
         return ((current, self.high_water, 16 * 2**30),)
 
