@@ -31,6 +31,7 @@ import sys
 import threading
 from typing import Any
 
+import keras
 import numpy as np
 
 MIB = 2**20
@@ -40,35 +41,30 @@ MIB = 2**20
 SIZES = {False: (32, 16, 2, 4, 24, 13, 26, 4), True: (128, 128, 4, 16, 96, 13, 52, 8)}
 
 
-def _logs_collector() -> Any:
-    import keras
+class BatchLogs(keras.callbacks.Callback):
+    """Keeps each training batch's logs as the callbacks after MemWatch see
+    them, by `(epoch, batch)`. Async-safe, so that Keras dispatches hooks as
+    with MemWatch alone (a callback with a batch-end hook that is not makes
+    Keras run every hook in order)."""
 
-    class BatchLogs(keras.callbacks.Callback):
-        """Keeps each training batch's logs as callbacks after MemWatch see
-        them; async-safe, so Keras dispatches hooks as with MemWatch alone."""
+    async_safe = True
 
-        async_safe = True
+    def __init__(self):
+        super().__init__()
+        self.logs, self.epoch, self._lock = {}, 0, threading.Lock()
 
-        def __init__(self):
-            super().__init__()
-            self.logs, self.epoch, self._lock = {}, 0, threading.Lock()
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
 
-        def on_epoch_begin(self, epoch, logs=None):
-            self.epoch = epoch
-
-        def on_train_batch_end(self, batch, logs=None):
-            with self._lock:
-                self.logs[(self.epoch, batch)] = dict(logs or {})
-
-    return BatchLogs()
+    def on_train_batch_end(self, batch, logs=None):
+        with self._lock:
+            self.logs[(self.epoch, batch)] = dict(logs or {})
 
 
 def run(gpu: bool, epochs: int = 3, workers: int = 0,
         probes: Any = "auto") -> dict[str, Any]:
     """Trains and checks; returns the figures, the checks and the summary
     (`probes` goes to `MemWatch`)."""
-    import keras
-
     from keras_memwatch import MemWatch
     from keras_memwatch.cli.demo import OversizedBatches
     from keras_memwatch.judge import xla_plan
@@ -90,7 +86,7 @@ def run(gpu: bool, epochs: int = 3, workers: int = 0,
     valid = OversizedBatches(batches=validation, batch_size=small, oversized=small,
                              every=validation + 1, input_shape=(side, side, 3),
                              classes=10, seed=1)
-    watch, seen = MemWatch(probes=probes, verbose=0), _logs_collector()
+    watch, seen = MemWatch(probes=probes, verbose=0), BatchLogs()
     model.fit(train, validation_data=valid, epochs=epochs, shuffle=False, verbose=0,
               callbacks=[watch, seen])
 
@@ -125,7 +121,7 @@ def run(gpu: bool, epochs: int = 3, workers: int = 0,
         over = steps["peak_bytes"] > steps["current_bytes"] + steps["plan_bytes"]
         out["rows_above_reading_plus_plan"] = int(over.sum())
         checks["every peak at most reading + plan"] = not over.any()
-    own, prior, wrong = _logs_against_rows(steps, seen.logs)
+    own, prior, wrong = logs_against_rows(steps, seen.logs)
     out.update(logs_own=own, logs_prior_batch=prior, logs_wrong=wrong)
     checks["batch logs are their row's or named prior"] = wrong == 0
     out["checks"] = checks
@@ -143,23 +139,30 @@ def _largest_neighbour_ratio(ordinary: Any) -> float:
     return float(np.nanmax(peaks[1:-1] / neighbours))
 
 
-def _logs_against_rows(steps: Any, logs: dict) -> tuple[int, int, int]:
-    """Batches whose logs carry their row's figures, a prior batch's
-    (named so), or anything else."""
+def logs_against_rows(steps: Any, logs: dict) -> tuple[int, int, int]:
+    """Of the batches in `logs` (`BatchLogs.logs`), how many carry their
+    row's figures under `mem_peak_mib` and `mem_current_mib`, how many an
+    earlier batch's row's under the `_prior_batch` names, and how many
+    anything else (missing, both, or figures of no such row).
+
+    Args:
+        steps: one device's training rows (`MemWatch.to_dataframe()`).
+        logs: `(epoch, batch)` -> the batch's logs.
+    """
     figures = {(int(e), int(b)): (p / MIB, c / MIB) for e, b, p, c in zip(
         steps["epoch"], steps["batch"], steps["peak_bytes"], steps["current_bytes"])}
     own = prior = wrong = 0
     for at, batch_logs in logs.items():
-        if "mem_peak_mib" in batch_logs:
-            mine = (batch_logs["mem_peak_mib"], batch_logs.get("mem_current_mib"))
-            own += mine == figures.get(at)
-            wrong += mine != figures.get(at)
-        elif "mem_peak_mib_prior_batch" in batch_logs:
-            earlier = (batch_logs["mem_peak_mib_prior_batch"],
-                       batch_logs.get("mem_current_mib_prior_batch"))
-            known = earlier in [f for k, f in figures.items() if k < at]
-            prior += known
-            wrong += not known
+        mine = (batch_logs.get("mem_peak_mib"), batch_logs.get("mem_current_mib"))
+        earlier = (batch_logs.get("mem_peak_mib_prior_batch"),
+                   batch_logs.get("mem_current_mib_prior_batch"))
+        if mine == figures.get(at) and earlier == (None, None):
+            own += 1
+        elif mine == (None, None) and earlier in [f for k, f in figures.items()
+                                                  if k < at]:
+            prior += 1
+        else:
+            wrong += 1
     return own, prior, wrong
 
 

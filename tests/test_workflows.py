@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import copy
 import pickle
-import threading
+import sys
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -22,6 +23,9 @@ from keras_memwatch.record.batch_hooks import NAMES
 from keras_memwatch.record.probes.base import Probe
 from keras_memwatch.units import format_bytes
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.jax_peaks import BatchLogs, logs_against_rows  # noqa: E402
+
 MIB = 2**20
 
 
@@ -33,41 +37,13 @@ def fit(watch, model=None, epochs=2, n=64, **kwargs):
     return model
 
 
-class BatchLogs(keras.callbacks.Callback):
-    """Keeps every training batch's logs as the callbacks after MemWatch see
-    them. Async-safe, so that it leaves Keras's dispatch as MemWatch alone
-    has it (a hook that is not makes Keras run every hook in order)."""
-
-    async_safe = True
-
-    def __init__(self):
-        super().__init__()
-        self.logs, self.epoch, self._lock = {}, 0, threading.Lock()
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.epoch = epoch
-
-    def on_train_batch_end(self, batch, logs=None):
-        with self._lock:
-            self.logs[(self.epoch, batch)] = dict(logs or {})
-
-
 def assert_each_batch_logs_its_own_row_or_names_a_prior_one(frame, logs, device):
     """A batch's `mem_*` figures are its row's; where its read was not taken
-    yet, a prior batch's, under the `_prior_batch` names, never both."""
-    rows = frame[(frame["device"] == device) & (frame["phase"] == "train")
-                 & frame["batch"].notna()]
-    figures = {(int(e), int(b)): (p / MIB, c / MIB) for e, b, p, c in zip(
-        rows["epoch"], rows["batch"], rows["peak_bytes"], rows["current_bytes"])}
-    assert set(logs) == set(figures)
-    for at, batch_logs in logs.items():
-        if "mem_peak_mib" in batch_logs:
-            assert "mem_peak_mib_prior_batch" not in batch_logs
-            assert (batch_logs["mem_peak_mib"], batch_logs["mem_current_mib"]) == figures[at]
-        else:
-            prior = (batch_logs["mem_peak_mib_prior_batch"],
-                     batch_logs["mem_current_mib_prior_batch"])
-            assert prior in [f for k, f in figures.items() if k < at]
+    yet, an earlier batch's, under the `_prior_batch` names; never both."""
+    steps = frame[(frame["device"] == device) & (frame["phase"] == "train")
+                  & frame["batch"].notna()]
+    own, prior, wrong = logs_against_rows(steps, logs)
+    assert wrong == 0 and own + prior == len(steps) == len(logs) > 0
 
 
 # -- copies -------------------------------------------------------------------

@@ -37,13 +37,21 @@ def _of_phase(spikes: pd.DataFrame, phase: str) -> pd.DataFrame:
     return spikes[spikes["phase"].astype(str) == phase]
 
 
-def _worst(spikes: pd.DataFrame) -> tuple[Any, str]:
-    """The spike with the highest peak, and what its step needed in words."""
-    worst = spikes.loc[spikes["peak_bytes"].astype("float64").idxmax()]
+def _spike_line(spikes: pd.DataFrame, device: str, phase: str) -> str:
+    """"N spike(s); worst ... at ..." of a device's spikes of one phase (the
+    training ones listed by place), or "no spikes"."""
+    spikes = _of_phase(spikes, phase)
+    mine = spikes[spikes["device"].astype(str) == device] if len(spikes) else spikes
+    if not len(mine):
+        return "no spikes"
+    worst = mine.loc[mine["peak_bytes"].astype("float64").idxmax()]
     working, usual = worst.get("working_bytes"), worst.get("usual_working_bytes")
     why = "" if working is None or usual is None or pd.isna(working) or pd.isna(
         usual) else f" (it needed {format_bytes(working)}, {against_usual(working, usual)})"
-    return worst, why
+    call = "" if phase == "train" else f"call {worst['call']} "
+    listed = f"; at epoch/batch: {_where(mine)}" if phase == "train" else ""
+    return (f"{len(mine)} spike(s); worst {format_bytes(worst['peak_bytes'])} at "
+            f"{call}epoch {worst['epoch']} batch {worst['batch']}{why}{listed}")
 
 
 def _headroom(limit: Optional[int], peak: Optional[int]) -> str:
@@ -76,16 +84,7 @@ def _device_lines(device: str, info: dict, spikes: pd.DataFrame) -> list[str]:
             f"{format_bytes(info['unallocated_bytes'])} at most (its cache, block "
             "rounding and fragmentation, or a pool it preallocated: free to "
             "this framework only)")
-    spikes = _of_phase(spikes, "train")
-    mine = spikes[spikes["device"].astype(str) == device] if len(spikes) else spikes
-    if len(mine):
-        worst, why = _worst(mine)
-        lines.append(
-            f"  {len(mine)} spike(s); worst {format_bytes(worst['peak_bytes'])} "
-            f"at epoch {worst['epoch']} batch {worst['batch']}{why}; "
-            f"at epoch/batch: {_where(mine)}")
-    else:
-        lines.append("  no spikes")
+    lines.append("  " + _spike_line(spikes, device, "train"))
     return lines
 
 
@@ -106,7 +105,6 @@ def _phase_lines(frame: pd.DataFrame, spikes: pd.DataFrame) -> list[str]:
     for phase, what in _OTHER_PHASES.items():
         if not _batches(frame, phase):
             continue
-        mine = _of_phase(spikes, phase)
         for device, info in device_memory(frame, phase).items():
             if not info["steps"]:
                 continue
@@ -115,16 +113,7 @@ def _phase_lines(frame: pd.DataFrame, spikes: pd.DataFrame) -> list[str]:
                     f"{format_bytes(info['typical_peak_bytes'])}")
             if info["limit_bytes"] is not None and info["peak_bytes"] is not None:
                 line += "; " + _headroom(info["limit_bytes"], info["peak_bytes"])
-            lines.append(line)
-            hit = mine[mine["device"].astype(str) == device] if len(mine) else mine
-            if len(hit):
-                worst, why = _worst(hit)
-                lines.append(
-                    f"    {len(hit)} spike(s); worst {format_bytes(worst['peak_bytes'])}"
-                    f" at call {worst['call']} epoch {worst['epoch']} batch "
-                    f"{worst['batch']}{why}")
-            else:
-                lines.append("    no spikes")
+            lines += [line, "    " + _spike_line(spikes, device, phase)]
     if lines:
         lines.insert(0, "Evaluation and prediction (each phase judged against "
                         "its own baseline):")
@@ -359,7 +348,7 @@ def compare_processes(frame: pd.DataFrame) -> str:
                 process_peak[process] = (known[device],
                                          f"{who}, {device} {format_bytes(known[device])}")
         if len(spikes):
-            worst, _ = _worst(spikes)
+            worst = spikes.loc[spikes["peak_bytes"].astype("float64").idxmax()]
             per_device = ", ".join(f"{d}: {n}" for d, n in counts.items())
             spike_lines.append(
                 f"    {who}: {len(spikes)} ({per_device}); worst "
