@@ -36,7 +36,8 @@ logger = logging.getLogger("keras_memwatch")
 #: The model's flag that stops each kind of call, and the call in words.
 _STOP_FLAGS = {"train": "stop_training", "test": "stop_evaluating",
                "predict": "stop_predicting"}
-_CALL_NAMES = {"train": "training", "test": "evaluation", "predict": "prediction"}
+_CALL_NAMES = {"stop_training": "training", "stop_evaluating": "evaluation",
+               "stop_predicting": "prediction"}
 
 
 class _Call(NamedTuple):
@@ -422,7 +423,7 @@ class MemWatch(keras.callbacks.Callback):
                 if self.verbose:
                     logger.warning("on_spike returned True at epoch %s batch %s: "
                                    "%s stops", event.epoch, event.batch,
-                                   _CALL_NAMES.get(event.phase, "training"))
+                                   _CALL_NAMES[flag])
 
     def _close(self) -> None:
         batch_hooks.remove(self)

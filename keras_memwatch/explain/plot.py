@@ -214,7 +214,7 @@ def plot_memory(
                      transform=axes[0].transAxes)
     for axis, device in zip(axes, devices):
         _draw(axis, frame[frame["device"].astype(str) == device], spikes, device)
-    return _finish(fig, axes, path)
+    return _finish(fig, axes, path, frame[C.CALL].nunique() if len(frame) else 1)
 
 
 def _devices(frame: pd.DataFrame) -> list[str]:
@@ -239,8 +239,10 @@ def _given_axes(ax: Any, panels: list[str], noun: str = "device") -> tuple[list,
     return axes, axes[0].figure
 
 
-def _finish(fig: Any, axes: list, path: Optional[PathLike]) -> Any:
-    axes[-1].set_xlabel("step (one per sampled batch)")
+def _finish(fig: Any, axes: list, path: Optional[PathLike],
+            calls: int = 1) -> Any:
+    axes[-1].set_xlabel("step (one per sampled batch)" if calls <= 1 else
+                        "sampled batch (the calls one after another)")
     if path is not None:
         fig.savefig(os.fspath(path), dpi=110, bbox_inches="tight")
     return fig

@@ -185,9 +185,13 @@ def summarize(
     if breakdown is None:
         breakdown = memory_breakdown(None, frame)
     lines.append(format_breakdown(breakdown))
-    lines += ["", "Memory per device:"]
     devices = breakdown.get("devices") or device_memory(frame)
-    for device, info in devices.items():
+    trained = {d: info for d, info in devices.items() if info.get("steps", 1)}
+    if trained:
+        lines += ["", "Memory per device:"]
+    else:
+        lines.append("")
+    for device, info in trained.items():
         lines.extend("  " + line for line in _device_lines(device, info, spikes))
     lines += _phase_lines(frame, spikes)
     if drift:
