@@ -182,7 +182,8 @@ def main(argv: Any = None) -> int:
                 "logs_wrong"):
         if key in out:
             value = out[key]
-            print(f"{key}: {value:.2f}" if isinstance(value, float) else f"{key}: {value}")
+            shown = f"{value:.2f}" if isinstance(value, float) else value
+            print(f"{key}: {shown}")
     print(f"flagged {len(out['flagged'])} of {len(out['oversized'])} oversized "
           f"batches; {sum(f not in out['oversized'] for f in out['flagged'])} others")
     if len(out["checks"]) == 1:

@@ -478,7 +478,8 @@ class MemWatch(keras.callbacks.Callback):
 
     def _fit(self) -> Optional[_Call]:
         """The record's fit, or None."""
-        return self._calls[0] if self._calls and self._calls[0].phase == "train" else None
+        first = self._calls[0] if self._calls else None
+        return first if first is not None and first.phase == "train" else None
 
     def sample_now(self) -> dict[str, Row]:
         """Reads every probe now, during a call, without recording the sample.

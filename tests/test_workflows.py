@@ -62,7 +62,8 @@ def test_a_deep_copy_is_a_new_watch_with_the_same_options(tmp_path):
         if recorded:
             fit(watch)
         twin = copy.deepcopy(watch)
-        assert [getattr(twin, o) for o in options] == [getattr(watch, o) for o in options]
+        assert ([getattr(twin, o) for o in options]
+                == [getattr(watch, o) for o in options])
         assert twin.on_spike is watch.on_spike  # the user's callable, shared
         assert isinstance(twin._probes[0], FakeProbe) and twin._probes[0] is not probe
         assert twin.to_dataframe().empty and twin.spikes.empty
@@ -80,7 +81,8 @@ def test_an_unused_watch_pickles_and_a_recording_one_says_what_to_do():
     back = pickle.loads(pickle.dumps(MemWatch(probes="host", window=7, verbose=0)))
     assert back.window == 7 and back.to_dataframe().empty
     fit(back, epochs=1)
-    with pytest.raises(TypeError, match=r"recorded 1 call.*Pickle watch.to_dataframe\(\)"):
+    with pytest.raises(TypeError,
+                       match=r"recorded 1 call.*Pickle watch.to_dataframe\(\)"):
         pickle.dumps(back)
 
 
@@ -134,7 +136,8 @@ def test_a_kerastuner_search_leaves_one_complete_log_per_trial(tmp_path, capsys)
     for path in paths:
         assert f"({path})" in report
     assert cli(["report", *map(str, paths)]) == 0
-    assert capsys.readouterr().out.count("keras_memwatch summary: 8 training steps") == 2
+    printed = capsys.readouterr().out
+    assert printed.count("keras_memwatch summary: 8 training steps") == 2
 
 
 # -- evaluate and predict -----------------------------------------------------

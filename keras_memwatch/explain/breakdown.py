@@ -134,7 +134,8 @@ def step_peaks(rows: pd.DataFrame, phase: str = "train") -> bool:
     return bool(read.any() and steps.loc[read, "peak_bytes"].notna().all())
 
 
-def device_memory(frame: pd.DataFrame, phase: str = "train") -> dict[str, dict[str, Any]]:
+def device_memory(frame: pd.DataFrame,
+                  phase: str = "train") -> dict[str, dict[str, Any]]:
     """Per-device figures of the steps of one phase of a record.
 
     Args:

@@ -7,8 +7,8 @@ baseline), the spikes, the epoch starts, the test phase (validation and
 `evaluate`) and the predict phase shaded apart, and the device's limit
 where a source reports one. A record of several calls (`fit`, then
 `evaluate` or `predict`) draws them one after another, each call's start
-marked. Every artist carries one of the labels below,
-which the legend shows and tests look up.
+marked. Every artist carries one of the labels below, which the legend
+shows and tests look up.
 
 A record of several processes (`load_log("mem.rank*.csv")`) gets one panel
 per process and device, titled "process N on HOST, DEVICE"; beyond
@@ -48,7 +48,8 @@ LABEL_PREDICT = "predict"
 LABEL_CALL = "call start"
 
 #: Each shaded phase's label and colour.
-_SHADED = {"test": (LABEL_VALIDATION, "gray"), "predict": (LABEL_PREDICT, "tab:purple")}
+_SHADED = {"test": (LABEL_VALIDATION, "gray"),
+           "predict": (LABEL_PREDICT, "tab:purple")}
 
 _MAX_NOTES = 10  # spikes annotated with their epoch and batch
 
@@ -117,7 +118,8 @@ def _draw(ax: Any, rows: pd.DataFrame, spikes: pd.DataFrame, device: str,
                         ha="center", fontsize=7)
     at = pd.Series(step, index=rows.index)
     train = rows["phase"] == "train"
-    starts = at[train].groupby(rows.loc[train, "epoch"]).min().sort_index().to_numpy()[1:]
+    starts = at[train].groupby(rows.loc[train, "epoch"]).min().sort_index()
+    starts = starts.to_numpy()[1:]
     if len(starts):
         ax.vlines(starts, 0, 1, transform=ax.get_xaxis_transform(),
                   colors="gray", linestyles=":", linewidth=1, label=LABEL_EPOCH)

@@ -47,7 +47,8 @@ def _spike_line(spikes: pd.DataFrame, device: str, phase: str) -> str:
     worst = mine.loc[mine["peak_bytes"].astype("float64").idxmax()]
     working, usual = worst.get("working_bytes"), worst.get("usual_working_bytes")
     why = "" if working is None or usual is None or pd.isna(working) or pd.isna(
-        usual) else f" (it needed {format_bytes(working)}, {against_usual(working, usual)})"
+        usual) else (f" (it needed {format_bytes(working)}, "
+                     f"{against_usual(working, usual)})")
     call = "" if phase == "train" else f"call {worst['call']} "
     listed = f"; at epoch/batch: {_where(mine)}" if phase == "train" else ""
     return (f"{len(mine)} spike(s); worst {format_bytes(worst['peak_bytes'])} at "

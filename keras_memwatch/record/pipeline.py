@@ -41,7 +41,7 @@ from keras_memwatch.judge.step_plan import StepPlanner
 
 logger = logging.getLogger("keras_memwatch")
 
-Key = tuple  # (phase, epoch, batch); batch None for the train-begin sample
+Key = tuple  # (phase, epoch, batch); batch None for the sample at a call's start
 
 _TRAIN = PHASE_CODES["train"]
 

@@ -10,7 +10,7 @@ from keras_memwatch import columns as C
 from keras_memwatch.judge.derived import (SETTLED_READINGS, SettledInUse,
                                           in_use_before, spikes_from_frame)
 from keras_memwatch.judge.spikes import SpikeMonitor
-from keras_memwatch.record.block import MISSING, PEAK, table_columns
+from keras_memwatch.record.block import MISSING, table_columns
 from keras_memwatch.record.recorder import Recorder
 
 MIB = 2**20
