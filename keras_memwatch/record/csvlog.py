@@ -231,7 +231,8 @@ def open_log(path: PathLike, process: int = 0, process_count: int = 1,
     The name is `log_path_for(path, ...)`, or the next free one
     (`create_free`). Taking another name than the one wanted is logged
     once at WARNING, unless the wanted name is one this watch wrote itself
-    (`earlier`: a later call of the same instance).
+    (`earlier`: a later call of the same instance) or a KerasTuner trial's
+    (another execution of the trial; the caller names the file).
 
     Returns:
         The open log, or `None` (with a WARNING) when no file could be
@@ -244,7 +245,7 @@ def open_log(path: PathLike, process: int = 0, process_count: int = 1,
         logger.warning("cannot create the log %s (%s); the record stays in "
                        "memory only", wanted, e)
         return None
-    if log.path != wanted and wanted not in earlier:
+    if log.path != wanted and wanted not in earlier and trial is None:
         logger.warning("%s exists (another process or job, or an earlier run); "
                        "this process writes %s instead", wanted, log.path)
     return log

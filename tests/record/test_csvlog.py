@@ -191,6 +191,12 @@ def test_open_log_warns_about_a_taken_name_never_raises(tmp_path, memwatch_logs)
     again.close()
     assert again.path == str(tmp_path / "mem.rank1.2.csv")
     assert memwatch_logs.text == ""
+    # A second execution of a KerasTuner trial: its own name, no warning.
+    for _ in range(2):
+        open_log(tmp_path / "kt.csv", trial="3").close()
+    assert sorted(p.name for p in tmp_path.glob("kt*")) == ["kt.trial3.1.csv",
+                                                           "kt.trial3.csv"]
+    assert memwatch_logs.text == ""
     assert open_log(tmp_path / "gone" / "mem.csv") is None
     assert "cannot create the log" in memwatch_logs.text
 
