@@ -306,18 +306,23 @@ class MemWatch(keras.callbacks.Callback):
         planner = self._planner if phase == "train" else None
         self._pipe = Pipeline(self._sampler, monitor, recorder, log, planner,
                               primary, self._lock, self._t0)
-        metrics = LogsMetrics(self._sampler, primary, planner,
-                              in_order=not self.async_safe)
+        self._metrics = LogsMetrics(self._sampler, primary, planner,
+                                    in_order=not self.async_safe)
         self._phase, self._recording = phase, True
         with self._lock:
             first = self._sampler.read()
-            metrics.begin(first)
+            self._metrics.begin(first)
             self._pipe.pending.append(((phase, 0, None), self._t0, first))
         self._pipe.drain()
         self._pipe.start()
+        self._install_hooks()
+
+    def _install_hooks(self) -> None:
+        """Puts this call's batch hooks in front of the methods below."""
         spe = max(int(getattr(self.model, "steps_per_execution", 1) or 1), 1)
+        planner = self._pipe.planner
         batch_hooks.install(self, batch_hooks.batch_hooks(
-            self, self._sampler.read, metrics if self.add_to_logs else None,
+            self, self._sampler.read, self._metrics if self.add_to_logs else None,
             planner.expect if planner is not None else None,
             self.every_n_batches, spe,
             # Hooks on the training thread run in batch order: nothing to
