@@ -368,7 +368,9 @@ def test_on_jax_every_output_counts_a_step_once(monkeypatch):
     assert (steps["peak_bytes"] == STATE + working).all()
     assert (steps["peak_bytes"] <= steps["current_bytes"] + steps[C.PLAN]).all()
     largest = STATE + int(working.max())
-    assert f"GPU:0: peak {format_bytes(largest)}," in watch.summary()
+    assert (f"GPU:0: peak {format_bytes(largest)}, typical step peak "
+            f"{format_bytes(STATE + int(working.median()))}, in use between steps "
+            f"{format_bytes(STATE)}") in watch.summary()
     assert set(watch.spikes["peak_bytes"]) == {largest}
     assert watch.spikes["batch"].tolist() == [5, 11, 5, 11]
     assert_each_batch_logs_its_own_row_or_names_a_prior_one(frame, seen.logs, "GPU:0")

@@ -29,7 +29,8 @@ import pandas as pd
 from keras_memwatch import options
 from keras_memwatch import columns as C
 from keras_memwatch.columns import HOST_DEVICE
-from keras_memwatch.judge.derived import limit_of, reserved_unallocated, working_memory_of
+from keras_memwatch.judge.derived import (in_use_before, limit_of, peaks_from_plan,
+                                          reserved_unallocated, working_memory_of)
 from keras_memwatch.units import format_bytes
 
 __all__ = ["device_memory", "format_breakdown", "memory_breakdown", "step_peaks",
@@ -146,7 +147,9 @@ def device_memory(frame: pd.DataFrame,
         device -> dict with, in bytes (`None` when unknown), `steps` (how
         many steps of the phase were sampled) and
         `peak_bytes` (highest peak of a step), `typical_peak_bytes`
-        (median), `in_use_bytes` (median memory in use after a step),
+        (median), `in_use_bytes` (median memory in use after a step; where
+        the peaks come from XLA's plan, the median memory in use between
+        steps, `derived.in_use_before`),
         `limit_bytes` (allocator limit, else the device's total),
         `transient_bytes` (median working memory of a step),
         `transient_max_bytes` and `transient_max_at` (`(epoch, batch)`),
@@ -170,11 +173,13 @@ def device_memory(frame: pd.DataFrame,
         steps = rows[is_step]
         peak, current = steps["peak_bytes"], steps["current_bytes"]
         working = working_memory_of(rows)[is_step]
+        in_use = (in_use_before(rows)[is_step] if peaks_from_plan(rows, device)
+                  else current)
         info: dict[str, Any] = {
             "steps": len(steps),
             "peak_bytes": _max(peak),
             "typical_peak_bytes": _median(peak),
-            "in_use_bytes": _median(current),
+            "in_use_bytes": _median(in_use),
             "limit_bytes": limit_of(rows),
             "transient_bytes": None,
             "transient_max_bytes": None,
