@@ -331,14 +331,15 @@ def timed_memwatch_class():
     class TimedMemWatch(MemWatch):
         """With `per_probe`, also times each probe's `read()` (`probe_ns`),
         and, within the batch-end hook, the sampler's read of them all and
-        the logs figures (`part_ns`)."""
+        the logs figures (`part_ns`: "logs" works them out from the read,
+        "logs_add" puts them in the batch's logs)."""
 
         def __init__(self, per_probe: bool = False, **kwargs):
             super().__init__(**kwargs)
             self.begin_ns: list[int] = []
             self.end_ns: list[int] = []
             self.probe_ns: dict[str, list] = {}
-            self.part_ns: dict[str, list] = {"read": [], "logs": []}
+            self.part_ns: dict[str, list] = {"read": [], "logs": [], "logs_add": []}
             self.epoch_marks: list[tuple[int, int, int]] = []
             self.per_probe = per_probe
             if per_probe:
@@ -348,7 +349,8 @@ def timed_memwatch_class():
             super().on_train_begin(logs)
             if self.per_probe:  # the hooks are built again around the timers
                 self._sampler.read = _Timed(self._sampler.read, self.part_ns["read"])
-                self._metrics.add = _Timed(self._metrics.add, self.part_ns["logs"])
+                self._metrics.take = _Timed(self._metrics.take, self.part_ns["logs"])
+                self._metrics.add = _Timed(self._metrics.add, self.part_ns["logs_add"])
                 self._install_hooks()
             hooks = vars(self)
             for name, times in (("on_train_batch_begin", self.begin_ns),

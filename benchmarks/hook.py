@@ -215,14 +215,14 @@ def _parts(watch: Any, overhead_ns: float) -> dict[str, float]:
     end = _after_first_epoch(watch.end_ns, marks, 2)
     n = len(end)
     read = watch.part_ns["read"][-n:] if n else []
-    logs = watch.part_ns["logs"][-n:] if n else []
+    logs = [watch.part_ns[part][-n:] if n else [] for part in ("logs", "logs_add")]
     probes = len(watch.probe_ns)
     # NVML is read at most once a second: its cost is spread over the batches.
     reads = sum(_trimmed_mean(v[len(v) - n:], overhead_ns) * min(len(v), n)
                 for v in watch.probe_ns.values()) / max(n, 1)
     read_us = _trimmed_mean(read, overhead_ns, 1 + probes)
-    logs_us = _trimmed_mean(logs, overhead_ns)
-    end_us = _trimmed_mean(end, overhead_ns, 3 + probes)
+    logs_us = sum(_trimmed_mean(part, overhead_ns) for part in logs)
+    end_us = _trimmed_mean(end, overhead_ns, 4 + probes)
     return {"begin_hook": _trimmed_mean(begin, overhead_ns),
             "end_hook": end_us,
             "probe_reads": reads,

@@ -3,11 +3,12 @@ sampler, the spike monitor judges, the recorder and the log keep."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import keras
 import pandas as pd
@@ -21,15 +22,30 @@ from keras_memwatch.judge.events import SpikeEvent
 from keras_memwatch.record.probes import resolve_probes
 from keras_memwatch.record.pipeline import Pipeline
 from keras_memwatch.configure.ranks import hostname, process_index_and_count
-from keras_memwatch.record.recorder import Recorder
+from keras_memwatch.record.recorder import Recorder, concat_frames
 from keras_memwatch.explain.report import summarize
 from keras_memwatch.record.sampler import Row, Sampler
 from keras_memwatch.judge.spikes import SpikeMonitor
 from keras_memwatch.files import open_new, refuse_existing
 from keras_memwatch.record.logs_metrics import LogsMetrics, add_metrics
+from keras_memwatch.record.tuner_trial import tuner_trial_id
 from keras_memwatch.judge.step_plan import PLAN_SOURCE, StepPlanner, attach_planner
 
 logger = logging.getLogger("keras_memwatch")
+
+#: The model's flag that stops each kind of call, and the call in words.
+_STOP_FLAGS = {"train": "stop_training", "test": "stop_evaluating",
+               "predict": "stop_predicting"}
+_CALL_NAMES = {"stop_training": "training", "stop_evaluating": "evaluation",
+               "stop_predicting": "prediction"}
+
+
+class _Call(NamedTuple):
+    """One call of `fit`, `evaluate` or `predict` in a watch's record."""
+
+    phase: str  # "train" for a fit
+    recorder: Recorder
+    monitor: SpikeMonitor
 
 
 def _never_raises(hook: Callable) -> Callable:
@@ -47,10 +63,11 @@ def _never_raises(hook: Callable) -> Callable:
 
 
 class MemWatch(keras.callbacks.Callback):
-    """Records memory at every training batch and flags the batches that jump.
+    """Records memory at every batch and flags the batches that jump.
 
-    At train begin and at the end of every `every_n_batches`-th training
-    (and validation) batch, MemWatch reads every available memory source
+    Passed to `fit`, `evaluate` or `predict`, at the start of the call and
+    at the end of every `every_n_batches`-th batch (training, validation,
+    evaluation or prediction), MemWatch reads every available memory source
     and keeps one row per device:
 
     - the framework allocator (`allocator_current_bytes`,
@@ -65,10 +82,16 @@ class MemWatch(keras.callbacks.Callback):
     `peak_bytes` and `current_bytes` are the best of these for each device,
     in bytes; a value a source cannot give is missing, never 0. A step whose
     working memory (peak minus the memory in use before it) jumps above a
-    rolling baseline is a spike: logged at WARNING, passed to `on_spike`,
-    and listed in `spikes`. Sustained growth over an epoch is reported as
-    drift. The callback is `async_safe`: with the JAX and PyTorch backends
-    its batch hook runs on Keras's worker threads and training stays
+    rolling baseline of its phase (`train`, `test`, `predict`) is a spike:
+    logged at WARNING, passed to `on_spike`, and listed in `spikes`.
+    Sustained growth over an epoch of training is reported as drift.
+
+    A `fit` starts a new record; each `evaluate` and `predict` call after it
+    adds its rows, numbered by `call` (0 for the fit), `step` counting from
+    0 in each. `copy.deepcopy(watch)` gives a watch with the same options
+    that has recorded nothing (KerasTuner copies callbacks for each trial).
+    The callback is `async_safe`: with the JAX and PyTorch backends its
+    batch hook runs on Keras's worker threads and training stays
     asynchronous.
 
     Args:
@@ -80,22 +103,27 @@ class MemWatch(keras.callbacks.Callback):
             `64`.
         warmup: first samples of a fit that are recorded, never judged.
             Defaults to `5`.
-        log_path: stream rows to this new CSV file as training runs (an
-            existing file is never overwritten; a name already taken, by
-            another process or job or an earlier fit of the same instance,
-            gives `name.1.csv`, `name.2.csv`, ...). When several processes
-            train, each writes its own file: `name.rank{N}.csv`, or the
-            path with `{rank}` replaced where it has one. Defaults to
-            `None`.
+        log_path: stream rows to this new CSV file as training runs, one
+            file per call (an existing file is never overwritten; a name
+            already taken, by another process or job or an earlier call of
+            the same instance, gives `name.1.csv`, `name.2.csv`, ...). When
+            several processes train, each writes its own file:
+            `name.rank{N}.csv`, or the path with `{rank}` replaced where it
+            has one. Inside a KerasTuner trial, the trial's id goes in the
+            name: `name.trial{ID}.csv`. Defaults to `None`.
         on_spike: callable receiving each `SpikeEvent`. It is called on the
             training thread at the start of the next batch (or at epoch
-            end). Returning `True` stops training after the batch in
-            flight (as setting `model.stop_training = True` does); any
-            other return value is ignored. Its errors are logged, never
-            raised. Defaults to `None`.
+            end). Returning `True` stops the call after the batch in
+            flight (as setting `model.stop_training`, `stop_evaluating` or
+            `stop_predicting` does); any other return value is ignored. Its
+            errors are logged, never raised. Defaults to `None`.
         add_to_logs: add `mem_peak_mib` and `mem_current_mib` (of the first
             GPU, or of the host without one) to the batch and epoch `logs`,
-            so `History`, `CSVLogger` and the progress bar show them.
+            so `History`, `CSVLogger` and the progress bar show them: the
+            figures of the batch's row. Where batch hooks run on Keras's
+            worker threads and a hook runs before an earlier batch's has
+            read, it logs the latest known batch's figures instead, as
+            `mem_peak_mib_prior_batch` and `mem_current_mib_prior_batch`.
             Defaults to `True`.
         allow_growth: apply `configure_memory` now. It only
             works before the framework has set up its devices, which is
@@ -108,9 +136,9 @@ class MemWatch(keras.callbacks.Callback):
             Defaults to `"auto"`.
         verbose: `0` records silently; `1` logs alerts and the summary.
             Defaults to `1`.
-        max_rows: keep only the newest `max_rows` samples in memory (the
-            streamed log stays complete), or all when `None`. Defaults to
-            `None`.
+        max_rows: keep only the newest `max_rows` samples of each call in
+            memory (the streamed log stays complete), or all when `None`.
+            Defaults to `None`.
 
     Raises:
         ValueError, TypeError: for a bad option, before training starts.
@@ -122,6 +150,7 @@ class MemWatch(keras.callbacks.Callback):
     ```python
     watch = MemWatch()
     model.fit(x, y, epochs=3, callbacks=[watch])
+    model.predict(x_new, callbacks=[watch])
     watch.to_dataframe()   # one row per sampled batch per device
     watch.spikes           # the batches that jumped
     print(watch.summary())
@@ -159,6 +188,7 @@ class MemWatch(keras.callbacks.Callback):
         self.max_rows = None if max_rows is None else options.positive_int(
             "max_rows", max_rows)
         self._probes = resolve_probes(probes, keras.backend.backend())
+        self._probes_option = probes
         self.memory_config = None
         if allow_growth is not None or memory_limit_mb is not None:
             from keras_memwatch.configure import configure_memory
@@ -170,59 +200,130 @@ class MemWatch(keras.callbacks.Callback):
         self._plan_note = ""
         self.process, self.process_count, self.hostname = 0, 1, ""
         self._sampler = Sampler(self._probes)
-        self._recorder = Recorder(self.max_rows)
+        self._calls: list[_Call] = []  # the record: the last fit and the calls since
         self._lock = threading.Lock()
-        self._monitor: Optional[SpikeMonitor] = None
         self._pipe: Optional[Pipeline] = None
-        self._training = False
+        self._phase: Optional[str] = None  # of the call running: "train" for a fit
+        self._recording = False
         self._faults: set[str] = set()
+
+    # -- copies ------------------------------------------------------------
+
+    def __deepcopy__(self, memo: dict) -> "MemWatch":
+        """A new watch with the same options that has recorded nothing.
+
+        Trial runners such as KerasTuner copy the callbacks for every trial.
+        `on_spike` is shared (the same callable), probe instances given in
+        `probes` are copied, and the memory settings of `allow_growth` and
+        `memory_limit_mb` are not applied again. The copy streams to a file
+        of its own: named after its KerasTuner trial, or the next free name.
+        """
+        probes = self._probes_option
+        if not isinstance(probes, str):
+            probes = [p if isinstance(p, str) else copy.deepcopy(p, memo)
+                      for p in probes]
+        twin = _rebuilt(type(self), self._options(), probes, self.memory_config)
+        memo[id(self)] = twin
+        return twin
+
+    def __reduce__(self) -> tuple:
+        """Pickles a watch that has recorded nothing (as its options);
+        refuses one that has, saying what to do instead."""
+        if self._calls or self._recording:
+            raise TypeError(
+                "Expected a MemWatch that has recorded nothing: its record, "
+                "threads and open probes cannot be pickled. Received: a watch "
+                f"that recorded {len(self._calls)} call(s). Pickle "
+                "watch.to_dataframe() (or stream it with log_path=...) to send "
+                "the record, and copy.deepcopy(watch) or a new MemWatch(...) to "
+                "watch in another process.")
+        return (_rebuilt, (type(self), self._options(), self._probes_option,
+                           self.memory_config))
+
+    def _options(self) -> dict[str, Any]:
+        """The options a copy is made with (not `probes`, nor the memory
+        settings, which are applied once)."""
+        return dict(
+            every_n_batches=self.every_n_batches, window=self.window,
+            threshold=self.threshold, min_delta_mb=self.min_delta_mb,
+            warmup=self.warmup, log_path=self.log_path, on_spike=self.on_spike,
+            add_to_logs=self.add_to_logs, verbose=self.verbose,
+            max_rows=self.max_rows)
 
     # -- Keras hooks -------------------------------------------------------
 
     def on_train_begin(self, logs=None):
+        self._begin("train")
+
+    def on_test_begin(self, logs=None):
+        if not self._recording:  # Keras's validation inside a fit is the fit's
+            self._begin("test")
+
+    def on_predict_begin(self, logs=None):
+        if not self._recording:
+            self._begin("predict")
+
+    def _begin(self, phase: str) -> None:
+        """Starts recording a call: a fit starts a new record, `evaluate`
+        and `predict` add to it."""
         self._close()
         self._faults = set()
+        if phase == "train":
+            self._calls = []
+        call = len(self._calls)
         devices = self._sampler.start()
         self.process, self.process_count = process_index_and_count()
         self.hostname = hostname()
-        self._recorder.reset(self._sampler.device_columns, self.process,
-                             self.hostname)
-        self._planner, self._plan_note, planned = attach_planner(self.model)
-        self._monitor = SpikeMonitor(
+        recorder = Recorder(self.max_rows)
+        recorder.reset(self._sampler.device_columns, self.process, self.hostname,
+                       call)
+        planned: tuple[str, ...] = ()
+        if phase == "train":
+            self._planner, self._plan_note, planned = attach_planner(self.model)
+        monitor = SpikeMonitor(
             devices, self.window, self.threshold, self.min_delta_mb,
             self.warmup, alert=self.verbose > 0, planned=planned,
             per_step_peak=self._sampler.per_step_peak,
             peak_at=self._sampler.peak_at,
             where=(f"process {self.process} on {self.hostname}: "
-                   if self.process_count > 1 else ""))
+                   if self.process_count > 1 else ""), call=call)
+        self._calls.append(_Call(phase, recorder, monitor))
         log = None
         if self.log_path is not None:
-            # One file per process; a name already taken (another process
-            # or job, an earlier fit) gives the next free one, never an error.
+            # One file per call and process; a name already taken (another
+            # process or job, an earlier call) gives the next free one.
+            trial = tuner_trial_id()
             log = open_log(self.log_path, self.process, self.process_count,
-                           self.hostname, earlier=self.log_paths)
+                           self.hostname, earlier=self.log_paths, call=call,
+                           trial=trial)
             if log is not None:
                 self.log_paths.append(log.path)
+                if trial is not None:
+                    logger.info("KerasTuner trial %s: memory log %s", trial,
+                                log.path)
         self._epoch = 0
         self._t0 = time.perf_counter()
         primary = devices.index(main_device(devices)) if devices else 0
-        self._pipe = Pipeline(self._sampler, self._monitor, self._recorder, log,
-                              self._planner, primary, self._lock, self._t0)
-        self._metrics = LogsMetrics(self._sampler, primary, self._planner)
-        self._training = True
+        planner = self._planner if phase == "train" else None
+        self._pipe = Pipeline(self._sampler, monitor, recorder, log, planner,
+                              primary, self._lock, self._t0)
+        self._metrics = LogsMetrics(self._sampler, primary, planner,
+                                    in_order=not self.async_safe)
+        self._phase, self._recording = phase, True
         with self._lock:
-            self._pipe.pending.append((("train", 0, None), self._t0, self._sampler.read()))
+            first = self._sampler.read()
+            self._metrics.begin(first)
+            self._pipe.pending.append(((phase, 0, None), self._t0, first))
         self._pipe.drain()
         self._pipe.start()
         self._install_hooks()
 
     def _install_hooks(self) -> None:
-        """Puts this fit's batch hooks in front of the methods below."""
+        """Puts this call's batch hooks in front of the methods below."""
         spe = max(int(getattr(self.model, "steps_per_execution", 1) or 1), 1)
-        planner = self._planner
+        planner = self._pipe.planner
         batch_hooks.install(self, batch_hooks.batch_hooks(
-            self, self._sampler.read,
-            self._metrics.add if self.add_to_logs else None,
+            self, self._sampler.read, self._metrics if self.add_to_logs else None,
             planner.expect if planner is not None else None,
             self.every_n_batches, spe,
             # Hooks on the training thread run in batch order: nothing to
@@ -234,8 +335,8 @@ class MemWatch(keras.callbacks.Callback):
         if self._pipe is not None:
             self._pipe.epoch_peak = None
 
-    # The batch hooks of a fit are built and installed by `batch_hooks` at
-    # train begin, in front of these methods, which answer outside a fit.
+    # The batch hooks of a call are built and installed by `batch_hooks` at
+    # its begin, in front of these methods, which answer outside a call.
     # They must exist: Keras keeps a callback that is not `async_safe` on the
     # training thread only when it defines a batch-end hook.
 
@@ -246,14 +347,20 @@ class MemWatch(keras.callbacks.Callback):
         """Nothing to do outside a fit."""
 
     def on_test_batch_begin(self, batch, logs=None):
-        """Nothing to do outside a fit."""
+        """Nothing to do outside a call."""
 
     def on_test_batch_end(self, batch, logs=None):
-        """Nothing to do outside a fit."""
+        """Nothing to do outside a call."""
+
+    def on_predict_batch_begin(self, batch, logs=None):
+        """Nothing to do outside a call."""
+
+    def on_predict_batch_end(self, batch, logs=None):
+        """Nothing to do outside a call."""
 
     @_never_raises
     def on_epoch_end(self, epoch, logs=None):
-        if not self._training:
+        if self._phase != "train" or not self._recording:
             return
         self._pipe.end_epoch(epoch)
         if self.add_to_logs and logs is not None:
@@ -262,13 +369,23 @@ class MemWatch(keras.callbacks.Callback):
 
     @_never_raises
     def on_train_end(self, logs=None):
-        if not self._training:
+        if self._phase != "train" or not self._recording:
             return
         self._finish()
-        if self.verbose and self._recorder.total_samples:
+        if self.verbose and self._calls and self._calls[0].recorder.total_samples:
             logger.info("%s", self.summary())
 
-    # -- during a fit -----------------------------------------------------
+    @_never_raises
+    def on_test_end(self, logs=None):
+        if self._phase == "test" and self._recording:
+            self._finish()
+
+    @_never_raises
+    def on_predict_end(self, logs=None):
+        if self._phase == "predict" and self._recording:
+            self._finish()
+
+    # -- during a call ----------------------------------------------------
 
     def _chores(self) -> None:
         """On the training thread: drains if the pipeline's thread fell
@@ -286,9 +403,11 @@ class MemWatch(keras.callbacks.Callback):
                            error, exc_info=True)
 
     def _finish(self) -> None:
-        """Ends a fit: every sample recorded, on_spike called, all closed."""
-        self._training = False
+        """Ends a call: every sample recorded, on_spike called, all closed."""
+        self._recording = False
         self._pipe.stop()
+        if self._phase != "train":  # a fit closed its bursts at epoch end
+            self._pipe.monitor.end_epoch(0)
         self._deliver()
         self._close()
 
@@ -305,10 +424,12 @@ class MemWatch(keras.callbacks.Callback):
                 logger.warning("on_spike raised %r; training goes on", e)
                 continue
             if stop is True and self.model is not None:
-                self.model.stop_training = True
+                flag = _STOP_FLAGS.get(self._phase or "train", "stop_training")
+                setattr(self.model, flag, True)
                 if self.verbose:
                     logger.warning("on_spike returned True at epoch %s batch %s: "
-                                   "training stops", event.epoch, event.batch)
+                                   "%s stops", event.epoch, event.batch,
+                                   _CALL_NAMES[flag])
 
     def _close(self) -> None:
         batch_hooks.remove(self)
@@ -323,45 +444,57 @@ class MemWatch(keras.callbacks.Callback):
     # -- results -----------------------------------------------------------
 
     def to_dataframe(self) -> pd.DataFrame:
-        """The record of the last fit: one row per sample per device.
+        """The record: one row per sample per device, of the last fit and
+        of the `evaluate` and `predict` calls since (or of those calls
+        alone, without a fit).
 
-        Columns and dtypes are listed in the README; bytes are nullable
-        integers (`Int64`), missing where a source cannot give a value.
+        Each call's rows carry its `call` number (0, 1, ...) and count
+        `step` from 0; `phase` says `train`, `test` (validation inside a
+        fit, or `evaluate`) or `predict`. Columns and dtypes are listed in
+        the README; bytes are nullable integers (`Int64`), missing where a
+        source cannot give a value.
         """
         if self._pipe is not None:
             self._pipe.drain()
-        return self._recorder.to_dataframe()
+        return concat_frames([c.recorder.to_dataframe() for c in self._calls])
 
     @property
     def spikes(self) -> pd.DataFrame:
-        """The spike events of the last fit, one row each."""
-        return spike_table(self._monitor.events if self._monitor else [])
+        """The spike events of the record, one row each (with their
+        `phase` and `call`)."""
+        return spike_table([e for c in self._calls for e in c.monitor.events])
 
     @property
     def training(self) -> bool:
         """Whether a fit is running (its probes are open)."""
-        return self._training
+        return self._recording and self._phase == "train"
 
     @property
     def sources(self) -> dict[str, str]:
-        """What each probe of the last fit could see, or why it could not."""
+        """What each probe of the last call could see, or why it could not."""
         notes = dict(self._sampler.notes)
-        if self._planner is not None:
-            quiet = {d: n for d, n in zip(self._monitor.devices,
-                                          self._monitor.compiling) if n}
+        fit = self._fit()
+        if self._planner is not None and fit is not None:
+            quiet = {d: n for d, n in zip(fit.monitor.devices,
+                                          fit.monitor.compiling) if n}
             notes[PLAN_SOURCE] = self._planner.describe(quiet)
-        elif self._plan_note:
+        elif self._plan_note and fit is not None:
             notes[PLAN_SOURCE] = self._plan_note
         return notes
 
+    def _fit(self) -> Optional[_Call]:
+        """The record's fit, or None."""
+        first = self._calls[0] if self._calls else None
+        return first if first is not None and first.phase == "train" else None
+
     def sample_now(self) -> dict[str, Row]:
-        """Reads every probe now, during a fit, without recording the sample.
+        """Reads every probe now, during a call, without recording the sample.
 
         The peaks since the last recorded sample are read (and reset), so
-        use it where the fit is over anyway: `guard()` calls it on an
-        out-of-memory error. Returns `{}` when no fit is running.
+        use it where the call is over anyway: `guard()` calls it on an
+        out-of-memory error. Returns `{}` when no call is running.
         """
-        if not self._training:
+        if not self._recording:
             return {}
         return dict(zip(self._sampler.devices, self._pipe.read_now()))
 
@@ -403,17 +536,19 @@ class MemWatch(keras.callbacks.Callback):
         return plot_memory(self.to_dataframe(), self.spikes, path=path, ax=ax)
 
     def summary(self, batch_size: Optional[int] = None) -> str:
-        """A short report of the last fit: where the memory went (weights,
+        """A short report of the record: where the memory went (weights,
         optimizer state, a step's working memory), peak and typical memory
-        per device, limit and headroom, spikes, drift, and what each source
+        per device, limit and headroom, spikes, for the training steps and
+        apart for the test and predict batches; drift, and what each source
         could and could not see.
 
         Args:
             batch_size: the training batch size, to give a step's working
                 memory per sample. Defaults to `None`.
         """
-        drift = self._monitor.drift_events if self._monitor else []
-        rises = self._monitor.rise_events if self._monitor else []
+        fit = self._fit()
+        drift = fit.monitor.drift_events if fit is not None else []
+        rises = fit.monitor.rise_events if fit is not None else []
         return summarize(self.to_dataframe(), self.spikes, drift, self.sources,
                          breakdown=self.breakdown(batch_size), rises=rises)
 
@@ -447,7 +582,7 @@ class MemWatch(keras.callbacks.Callback):
         """Ends a fit that raised: commits waiting samples, closes the
         probes and the streamed log. Keras skips `on_train_end` when `fit`
         raises; `guard()` calls this for you."""
-        if self._training:
+        if self._recording:
             self._finish()
         self._close()
 
@@ -498,3 +633,13 @@ def _asynchronous_steps() -> bool:
     import torch
 
     return bool(torch.cuda.is_available())
+
+
+def _rebuilt(cls: type, options: dict[str, Any], probes: Any,
+             memory_config: Any) -> MemWatch:
+    """A watch copied or unpickled: its options, nothing recorded. Its
+    `log_path` is not refused for existing: the log it wrote is one."""
+    log_path = options.pop("log_path")
+    watch = cls(**options, probes=probes)
+    watch.log_path, watch.memory_config = log_path, memory_config
+    return watch

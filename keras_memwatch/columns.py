@@ -46,6 +46,13 @@ BYTES_COLUMNS: tuple[str, ...] = DERIVED_COLUMNS + SOURCE_COLUMNS
 #: Which process of a distributed run wrote a row, and on which machine.
 PROCESS_COLUMNS: tuple[str, ...] = ("process", "hostname")
 
+#: Which call of `fit`, `evaluate` or `predict` a row belongs to: 0 for the
+#: first of a watch's record, 1 for the next... (`step` counts from 0 in each).
+CALL = "call"
+
+#: Columns with one value for all the rows of one call (of one log file).
+CALL_COLUMNS: tuple[str, ...] = PROCESS_COLUMNS + (CALL,)
+
 #: Every DataFrame column, in order.
 COLUMNS: tuple[str, ...] = (
     "step",
@@ -59,7 +66,7 @@ COLUMNS: tuple[str, ...] = (
     "baseline_bytes",
     "spike",
     PLAN,
-) + SOURCE_COLUMNS + PROCESS_COLUMNS
+) + SOURCE_COLUMNS + CALL_COLUMNS
 
 PHASES: tuple[str, ...] = ("train", "test", "predict")
 

@@ -29,7 +29,8 @@ import pandas as pd
 from keras_memwatch import options
 from keras_memwatch import columns as C
 from keras_memwatch.columns import HOST_DEVICE
-from keras_memwatch.judge.derived import limit_of, reserved_unallocated, working_memory_of
+from keras_memwatch.judge.derived import (in_use_before, limit_of, peaks_from_plan,
+                                          reserved_unallocated, working_memory_of)
 from keras_memwatch.units import format_bytes
 
 __all__ = ["device_memory", "format_breakdown", "memory_breakdown", "step_peaks",
@@ -121,28 +122,34 @@ def _max(values: pd.Series) -> Optional[int]:
     return None if values.empty else int(values.max())
 
 
-def step_peaks(rows: pd.DataFrame) -> bool:
+def step_peaks(rows: pd.DataFrame, phase: str = "train") -> bool:
     """Whether a device's `peak_bytes` is a peak per step.
 
-    It is when every training step with a reading has a peak: a per-step
-    source, or XLA's plan (JAX). Where the source only has a process-lifetime
-    high-water mark, `peak_bytes` is known only at the steps that raised it.
+    It is when every step of the phase with a reading has a peak: a
+    per-step source, or XLA's plan (JAX). Where the source only has a
+    process-lifetime high-water mark, `peak_bytes` is known only at the
+    steps that raised it.
     """
-    steps = rows[(rows["phase"] == "train") & rows["batch"].notna()]
+    steps = rows[(rows["phase"] == phase) & rows["batch"].notna()]
     read = steps["current_bytes"].notna()
     return bool(read.any() and steps.loc[read, "peak_bytes"].notna().all())
 
 
-def device_memory(frame: pd.DataFrame) -> dict[str, dict[str, Any]]:
-    """Per-device figures of the training steps of a record.
+def device_memory(frame: pd.DataFrame,
+                  phase: str = "train") -> dict[str, dict[str, Any]]:
+    """Per-device figures of the steps of one phase of a record.
 
     Args:
         frame: the record (`MemWatch.to_dataframe()` or `load_log(...)`).
+        phase: `"train"`, `"test"` or `"predict"`. Defaults to `"train"`.
 
     Returns:
-        device -> dict with, in bytes (`None` when unknown):
+        device -> dict with, in bytes (`None` when unknown), `steps` (how
+        many steps of the phase were sampled) and
         `peak_bytes` (highest peak of a step), `typical_peak_bytes`
-        (median), `in_use_bytes` (median memory in use after a step),
+        (median), `in_use_bytes` (median memory in use after a step; where
+        the peaks come from XLA's plan, the median memory in use between
+        steps, `derived.in_use_before`),
         `limit_bytes` (allocator limit, else the device's total),
         `transient_bytes` (median working memory of a step),
         `transient_max_bytes` and `transient_max_at` (`(epoch, batch)`),
@@ -160,15 +167,19 @@ def device_memory(frame: pd.DataFrame) -> dict[str, dict[str, Any]]:
     if frame.empty:
         return out
     for device in pd.unique(frame["device"].astype(str)):
-        rows = frame[frame["device"].astype(str) == device].sort_values("step")
-        is_step = (rows["phase"] == "train") & rows["batch"].notna()
+        rows = frame[frame["device"].astype(str) == device].sort_values(
+            [C.CALL, "step"], kind="stable")
+        is_step = (rows["phase"] == phase) & rows["batch"].notna()
         steps = rows[is_step]
         peak, current = steps["peak_bytes"], steps["current_bytes"]
         working = working_memory_of(rows)[is_step]
+        in_use = (in_use_before(rows)[is_step] if peaks_from_plan(rows, device)
+                  else current)
         info: dict[str, Any] = {
+            "steps": len(steps),
             "peak_bytes": _max(peak),
             "typical_peak_bytes": _median(peak),
-            "in_use_bytes": _median(current),
+            "in_use_bytes": _median(in_use),
             "limit_bytes": limit_of(rows),
             "transient_bytes": None,
             "transient_max_bytes": None,
@@ -181,7 +192,7 @@ def device_memory(frame: pd.DataFrame) -> dict[str, dict[str, Any]]:
             "unallocated_bytes": _max(reserved_unallocated(steps)),
         }
         known = working.dropna()
-        if step_peaks(rows):
+        if step_peaks(rows, phase):
             source = "XLA plan" if steps[C.PLAN].notna().all() else "per-step peak"
             if not known.empty:
                 info["transient_bytes"] = int(known.median())
@@ -262,8 +273,8 @@ def memory_breakdown(
     out["devices"] = devices
     main = next((d for d in devices if d != HOST_DEVICE), None) or (
         HOST_DEVICE if HOST_DEVICE in devices else None)
-    if main is None:
-        notes.append("no training samples recorded, so no step working memory")
+    if main is None or not devices[main]["steps"]:
+        notes.append("no training steps recorded, so no step working memory")
     else:
         info = devices[main]
         out["device"] = main

@@ -3,9 +3,12 @@
 Each panel shows, in MiB against the step (one per sampled batch): the peak
 during each step, the memory in use after it, the usual range the spike
 detector expected (from the memory in use before a step up to its
-baseline), the spikes, the epoch starts, validation, and the device's limit
-where a source reports one. Every artist carries one of the labels below,
-which the legend shows and tests look up.
+baseline), the spikes, the epoch starts, the test phase (validation and
+`evaluate`) and the predict phase shaded apart, and the device's limit
+where a source reports one. A record of several calls (`fit`, then
+`evaluate` or `predict`) draws them one after another, each call's start
+marked. Every artist carries one of the labels below, which the legend
+shows and tests look up.
 
 A record of several processes (`load_log("mem.rank*.csv")`) gets one panel
 per process and device, titled "process N on HOST, DEVICE"; beyond
@@ -40,7 +43,13 @@ LABEL_BASELINE = "usual range (baseline)"
 LABEL_SPIKE = "spike"
 LABEL_LIMIT = "device limit"
 LABEL_EPOCH = "epoch start"
-LABEL_VALIDATION = "validation"
+LABEL_VALIDATION = "test (validation, evaluate)"
+LABEL_PREDICT = "predict"
+LABEL_CALL = "call start"
+
+#: Each shaded phase's label and colour.
+_SHADED = {"test": (LABEL_VALIDATION, "gray"),
+           "predict": (LABEL_PREDICT, "tab:purple")}
 
 _MAX_NOTES = 10  # spikes annotated with their epoch and batch
 
@@ -64,10 +73,28 @@ def _mib(values: pd.Series) -> Any:
     return values.astype("float64").to_numpy() / MIB
 
 
+def _in_order(rows: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, int]]:
+    """Rows by call, then step, and what each call's steps are shifted by
+    on the x axis (its calls one after another; one call: its steps)."""
+    rows = rows.sort_values([C.CALL, "step"], kind="stable")
+    offsets, at = {}, 0
+    for call, steps in rows.groupby(C.CALL, sort=True)["step"]:
+        offsets[int(call)] = at - (int(steps.min()) if offsets else 0)
+        at = offsets[int(call)] + int(steps.max()) + 1
+    return rows, offsets
+
+
+def _x(rows: pd.DataFrame, offsets: dict[int, int]) -> np.ndarray:
+    """Where rows (or spikes) go on the x axis."""
+    calls = rows[C.CALL] if C.CALL in rows.columns else pd.Series(0, rows.index)
+    return (rows["step"].to_numpy(np.int64)
+            + calls.map(offsets).fillna(0).to_numpy(np.int64))
+
+
 def _draw(ax: Any, rows: pd.DataFrame, spikes: pd.DataFrame, device: str,
           title: str = "") -> None:
-    rows = rows.sort_values("step")
-    step = rows["step"].to_numpy()
+    rows, offsets = _in_order(rows)
+    step = _x(rows, offsets)
     ax.fill_between(step, _mib(in_use_before(rows)), _mib(rows["baseline_bytes"]),
                     facecolor="tab:green", alpha=0.25, edgecolor="tab:green",
                     linewidth=0.6, label=LABEL_BASELINE)
@@ -80,7 +107,7 @@ def _draw(ax: Any, rows: pd.DataFrame, spikes: pd.DataFrame, device: str,
                 linewidth=1, linestyle="--", label=LABEL_RESERVED)
     mine = spikes[spikes["device"].astype(str) == device] if len(spikes) else spikes
     if len(mine):
-        x, y = mine["step"].to_numpy(), _mib(mine["peak_bytes"])
+        x, y = _x(mine, offsets), _mib(mine["peak_bytes"])
         ax.scatter(x, y, marker="v", s=60, color="black", zorder=5,
                    label=f"{LABEL_SPIKE} ({len(mine)})")
         for i, ((_, e), xi, yi) in enumerate(zip(mine.iterrows(), x, y)):
@@ -89,18 +116,25 @@ def _draw(ax: Any, rows: pd.DataFrame, spikes: pd.DataFrame, device: str,
             ax.annotate(f"e{e['epoch']} b{e['batch']}", (xi, yi),
                         textcoords="offset points", xytext=(0, 7),
                         ha="center", fontsize=7)
-    train = rows[rows["phase"] == "train"]
-    starts = train.groupby("epoch")["step"].min().sort_index().to_numpy()[1:]
+    at = pd.Series(step, index=rows.index)
+    train = rows["phase"] == "train"
+    starts = at[train].groupby(rows.loc[train, "epoch"]).min().sort_index()
+    starts = starts.to_numpy()[1:]
     if len(starts):
         ax.vlines(starts, 0, 1, transform=ax.get_xaxis_transform(),
                   colors="gray", linestyles=":", linewidth=1, label=LABEL_EPOCH)
-    test = rows["phase"] == "test"
-    if test.any():
-        runs = (test != test.shift()).cumsum()[test]
-        for i, (_, run) in enumerate(rows[test].groupby(runs)):
-            ax.axvspan(run["step"].min() - 0.5, run["step"].max() + 0.5,
-                       color="gray", alpha=0.12, linewidth=0,
-                       label=LABEL_VALIDATION if i == 0 else "_nolegend_")
+    calls = at.groupby(rows[C.CALL]).min().sort_index().to_numpy()[1:]
+    if len(calls):
+        ax.vlines(calls - 0.5, 0, 1, transform=ax.get_xaxis_transform(),
+                  colors="black", linestyles="-.", linewidth=1, label=LABEL_CALL)
+    for phase, (label, colour) in _SHADED.items():
+        shaded = rows["phase"] == phase
+        if not shaded.any():
+            continue
+        runs = (shaded != shaded.shift()).cumsum()[shaded]
+        for i, (_, run) in enumerate(at[shaded].groupby(runs)):
+            ax.axvspan(run.min() - 0.5, run.max() + 0.5, color=colour, alpha=0.12,
+                       linewidth=0, label=label if i == 0 else "_nolegend_")
     top = limit_of(rows)
     peak = rows["peak_bytes"].dropna()
     high = max(float(peak.max()) if len(peak) else 0.0,
@@ -182,7 +216,7 @@ def plot_memory(
                      transform=axes[0].transAxes)
     for axis, device in zip(axes, devices):
         _draw(axis, frame[frame["device"].astype(str) == device], spikes, device)
-    return _finish(fig, axes, path)
+    return _finish(fig, axes, path, frame[C.CALL].nunique() if len(frame) else 1)
 
 
 def _devices(frame: pd.DataFrame) -> list[str]:
@@ -193,7 +227,7 @@ def _figure(panels: int) -> tuple[Any, list]:
     plt = _pyplot()
     fig, axes = plt.subplots(max(panels, 1), 1, squeeze=False, sharex=True,
                              figsize=(11, 1.0 + 3.0 * max(panels, 1)))
-    fig.suptitle("Memory per training step (keras_memwatch)", fontsize=11)
+    fig.suptitle("Memory per sampled batch (keras_memwatch)", fontsize=11)
     return fig, list(axes[:, 0])
 
 
@@ -207,8 +241,10 @@ def _given_axes(ax: Any, panels: list[str], noun: str = "device") -> tuple[list,
     return axes, axes[0].figure
 
 
-def _finish(fig: Any, axes: list, path: Optional[PathLike]) -> Any:
-    axes[-1].set_xlabel("step (one per sampled batch)")
+def _finish(fig: Any, axes: list, path: Optional[PathLike],
+            calls: int = 1) -> Any:
+    axes[-1].set_xlabel("step (one per sampled batch)" if calls <= 1 else
+                        "sampled batch (the calls one after another)")
     if path is not None:
         fig.savefig(os.fspath(path), dpi=110, bbox_inches="tight")
     return fig
@@ -261,17 +297,18 @@ def _draw_lines(ax: Any, groups: list, spikes: Optional[pd.DataFrame],
     """One device's peak per step, a line per process, spikes marked."""
     high, marked = 0.0, 0
     for label, rows in groups:
-        mine = rows[rows["device"].astype(str) == device].sort_values("step")
+        mine = rows[rows["device"].astype(str) == device]
         if mine.empty:
             continue
+        mine, offsets = _in_order(mine)
         peak = _mib(mine["peak_bytes"])
-        ax.plot(mine["step"].to_numpy(), peak, linewidth=1.0, label=label)
+        ax.plot(_x(mine, offsets), peak, linewidth=1.0, label=label)
         if np.isfinite(peak).any():
             high = max(high, float(np.nanmax(peak)))
         hit = _spikes_of(rows, spikes)
         hit = hit[hit["device"].astype(str) == device] if len(hit) else hit
         if len(hit):
-            ax.scatter(hit["step"].to_numpy(), _mib(hit["peak_bytes"]), marker="v",
+            ax.scatter(_x(hit, offsets), _mib(hit["peak_bytes"]), marker="v",
                        s=40, color="black", zorder=5,
                        label="_nolegend_" if marked else LABEL_SPIKE)
             marked += len(hit)

@@ -8,6 +8,7 @@ from typing import Any, Optional
 import pandas as pd
 
 from keras_memwatch.explain.breakdown import device_memory, format_breakdown, memory_breakdown
+from keras_memwatch import columns as C
 from keras_memwatch.columns import HOST_DEVICE
 from keras_memwatch.judge.derived import log_sources, replay_drift, spikes_from_frame
 from keras_memwatch.judge.events import against_usual
@@ -29,6 +30,36 @@ def _strip(name: str, note: str) -> str:
     return note[len(prefix):].strip() if note.startswith(prefix) else note
 
 
+def _of_phase(spikes: pd.DataFrame, phase: str) -> pd.DataFrame:
+    """The spikes of one phase (a table without phases: all training)."""
+    if not len(spikes) or "phase" not in spikes.columns:
+        return spikes if phase == "train" else spikes.iloc[:0]
+    return spikes[spikes["phase"].astype(str) == phase]
+
+
+def _spike_line(spikes: pd.DataFrame, device: str, phase: str) -> str:
+    """"N spike(s); worst ... at ..." of a device's spikes of one phase (the
+    training ones listed by place), or "no spikes"."""
+    spikes = _of_phase(spikes, phase)
+    mine = spikes[spikes["device"].astype(str) == device] if len(spikes) else spikes
+    if not len(mine):
+        return "no spikes"
+    worst = mine.loc[mine["peak_bytes"].astype("float64").idxmax()]
+    working, usual = worst.get("working_bytes"), worst.get("usual_working_bytes")
+    why = "" if working is None or usual is None or pd.isna(working) or pd.isna(
+        usual) else (f" (it needed {format_bytes(working)}, "
+                     f"{against_usual(working, usual)})")
+    call = "" if phase == "train" else f"call {worst['call']} "
+    listed = f"; at epoch/batch: {_where(mine)}" if phase == "train" else ""
+    return (f"{len(mine)} spike(s); worst {format_bytes(worst['peak_bytes'])} at "
+            f"{call}epoch {worst['epoch']} batch {worst['batch']}{why}{listed}")
+
+
+def _headroom(limit: Optional[int], peak: Optional[int]) -> str:
+    return (f"limit {format_bytes(limit)}, headroom at peak "
+            f"{format_bytes(max(limit - peak, 0))} ({1 - peak / limit:.0%})")
+
+
 def _device_lines(device: str, info: dict, spikes: pd.DataFrame) -> list[str]:
     lines = [
         f"{device}: peak {format_bytes(info['peak_bytes'])}, typical step peak "
@@ -37,9 +68,7 @@ def _device_lines(device: str, info: dict, spikes: pd.DataFrame) -> list[str]:
     ]
     limit, peak = info["limit_bytes"], info["peak_bytes"]
     if limit is not None and peak is not None:
-        lines.append(
-            f"  limit {format_bytes(limit)}, headroom at peak "
-            f"{format_bytes(max(limit - peak, 0))} ({1 - peak / limit:.0%})")
+        lines.append("  " + _headroom(limit, peak))
     elif device == HOST_DEVICE:
         lines.append("  limit: not recorded for the host, so no headroom")
     else:
@@ -56,19 +85,54 @@ def _device_lines(device: str, info: dict, spikes: pd.DataFrame) -> list[str]:
             f"{format_bytes(info['unallocated_bytes'])} at most (its cache, block "
             "rounding and fragmentation, or a pool it preallocated: free to "
             "this framework only)")
-    mine = spikes[spikes["device"].astype(str) == device] if len(spikes) else spikes
-    if len(mine):
-        worst = mine.loc[mine["peak_bytes"].astype("float64").idxmax()]
-        working, usual = worst.get("working_bytes"), worst.get("usual_working_bytes")
-        why = "" if working is None or usual is None or pd.isna(working) or pd.isna(
-            usual) else f" (it needed {format_bytes(working)}, {against_usual(working, usual)})"
-        lines.append(
-            f"  {len(mine)} spike(s); worst {format_bytes(worst['peak_bytes'])} "
-            f"at epoch {worst['epoch']} batch {worst['batch']}{why}; "
-            f"at epoch/batch: {_where(mine)}")
-    else:
-        lines.append("  no spikes")
+    lines.append("  " + _spike_line(spikes, device, "train"))
     return lines
+
+
+#: The phases besides training, and what runs them.
+_OTHER_PHASES = {"test": " (validation and evaluate)", "predict": ""}
+
+
+def _batches(frame: pd.DataFrame, phase: str) -> int:
+    """Sampled batches of a phase (of one device: all have the same)."""
+    rows = frame[(frame["phase"] == phase) & frame["batch"].notna()]
+    return int(rows[[C.CALL, "step"]].drop_duplicates().shape[0]) if len(rows) else 0
+
+
+def _phase_lines(frame: pd.DataFrame, spikes: pd.DataFrame) -> list[str]:
+    """Per phase other than training and per device: batches, peak,
+    typical peak, headroom and spikes."""
+    lines = []
+    for phase, what in _OTHER_PHASES.items():
+        if not _batches(frame, phase):
+            continue
+        for device, info in device_memory(frame, phase).items():
+            if not info["steps"]:
+                continue
+            line = (f"  {phase} on {device}: {info['steps']} batches{what}, "
+                    f"peak {format_bytes(info['peak_bytes'])}, typical step peak "
+                    f"{format_bytes(info['typical_peak_bytes'])}")
+            if info["limit_bytes"] is not None and info["peak_bytes"] is not None:
+                line += "; " + _headroom(info["limit_bytes"], info["peak_bytes"])
+            lines += [line, "    " + _spike_line(spikes, device, phase)]
+    if lines:
+        lines.insert(0, "Evaluation and prediction (each phase judged against "
+                        "its own baseline):")
+    return lines
+
+
+def _headline(frame: pd.DataFrame) -> str:
+    """What the record holds: training steps, and the other phases' batches."""
+    train = frame[frame["phase"] == "train"]
+    steps = train[train["batch"].notna()]
+    parts = [f"{steps['step'].nunique()} training steps sampled over "
+             f"{int(train['epoch'].max()) + 1} epoch(s)" if len(steps)
+             else "no training steps"]
+    for phase, what in _OTHER_PHASES.items():
+        n = _batches(frame, phase)
+        if n:
+            parts.append(f"{n} {phase} batches{what}")
+    return "keras_memwatch summary: " + ", ".join(parts)
 
 
 def summarize(
@@ -79,13 +143,15 @@ def summarize(
     breakdown: Optional[Mapping[str, Any]] = None,
     rises: Optional[Sequence[tuple]] = None,
 ) -> str:
-    """Renders a short report of one fit.
+    """Renders a short report of a record: one fit, and the `evaluate` and
+    `predict` calls recorded with it.
 
     First where the memory went (weights, optimizer state, a step's working
     memory, see `memory_breakdown`), then per device the peak, the typical
     step peak, the memory in use between steps, the limit and headroom and
-    the spikes; then drift, and which sources could see what (and which
-    were unavailable, and why).
+    the spikes of the training steps; then the same for each other phase
+    (`test`: validation and `evaluate`; `predict`), apart; then drift, and
+    which sources could see what (and which were unavailable, and why).
 
     What is not given is replayed from `frame` alone, as for a streamed
     log read without its `MemWatch`.
@@ -116,20 +182,19 @@ def summarize(
         drift = replayed_drift if drift is None else drift
         rises = replayed_rises if rises is None else rises
     sources = log_sources(frame) if sources is None else sources
-    train = frame[frame["phase"] == "train"]
-    steps = train[train["batch"].notna()]
-    lines = [
-        f"keras_memwatch summary: {steps['step'].nunique()} training steps "
-        f"sampled over {int(train['epoch'].max()) + 1} epoch(s)",
-        "",
-    ]
+    lines = [_headline(frame), ""]
     if breakdown is None:
         breakdown = memory_breakdown(None, frame)
     lines.append(format_breakdown(breakdown))
-    lines += ["", "Memory per device:"]
     devices = breakdown.get("devices") or device_memory(frame)
-    for device, info in devices.items():
+    trained = {d: info for d, info in devices.items() if info.get("steps", 1)}
+    if trained:
+        lines += ["", "Memory per device:"]
+    else:
+        lines.append("")
+    for device, info in trained.items():
         lines.extend("  " + line for line in _device_lines(device, info, spikes))
+    lines += _phase_lines(frame, spikes)
     if drift:
         lines.append("Drift (steady growth of memory in use, a leak?):")
         lines.extend(f"  {device} in epoch {epoch}: {event.message}"
@@ -256,7 +321,7 @@ def compare_processes(frame: pd.DataFrame) -> str:
         process, host = int(rows["process"].iloc[0]), rows["hostname"].iloc[0]
         # The log's name only where one process wrote several (several fits).
         who = label if fits[process] > 1 else _process_label(process, host)
-        spikes = spikes_from_frame(rows)
+        spikes = _of_phase(spikes_from_frame(rows), "train")
         counts = spikes["device"].astype(str).value_counts() if len(spikes) else {}
         devices = device_memory(rows)
         for device, info in devices.items():

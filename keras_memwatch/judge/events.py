@@ -42,7 +42,11 @@ class SpikeEvent:
             the step plus the usual working memory).
         working_bytes: the step's working memory (peak minus memory in use
             before it).
-        usual_working_bytes: the rolling baseline of working memory.
+        usual_working_bytes: the rolling baseline of working memory (of
+            the same phase).
+        phase: `"train"`, `"test"` or `"predict"`.
+        call: which call of the watch's record (`fit`, `evaluate`,
+            `predict`) it happened in.
     """
 
     step: int
@@ -53,6 +57,8 @@ class SpikeEvent:
     baseline_bytes: int
     working_bytes: int
     usual_working_bytes: int
+    phase: str = "train"
+    call: int = 0
 
     @property
     def ratio(self) -> float:
@@ -63,8 +69,10 @@ class SpikeEvent:
     @property
     def message(self) -> str:
         """The alert line, in human units."""
+        phase = "" if self.phase == "train" else f"{self.phase} "
+        where = f"epoch {self.epoch} {phase}batch {self.batch}"
         return (
-            f"memory spike at epoch {self.epoch} batch {self.batch} on "
+            f"memory spike at {where} on "
             f"{self.device}: peak {format_bytes(self.peak_bytes)} vs "
             f"baseline {format_bytes(self.baseline_bytes)} (this step needed "
             f"{format_bytes(self.working_bytes)}, "

@@ -1,12 +1,14 @@
-"""Judges each training sample per device, a block at a time, and turns
+"""Judges each sampled batch per device, a block at a time, and turns
 verdicts into alerts.
 
 What is judged is a step's *working memory*: its peak minus the memory in
-use just before it (the previous sample's current bytes). A ratio on the
-raw peak hides real spikes whenever weights, optimizer state and the
-framework's own footprint dwarf a step's working memory (an 820 MiB
-TensorFlow process whose oversized batch peaks at 1,195 MiB is only 1.46x
-its usual peak, while that step's working memory grew about 6x).
+use just before it (`derived.in_use_before`). Each phase (`train`, `test`,
+`predict`) is judged against its own baseline, so that an evaluation or
+prediction step is never measured against a training step's memory. A
+ratio on the raw peak hides real spikes whenever weights, optimizer state
+and the framework's own footprint dwarf a step's working memory (an 820
+MiB TensorFlow process whose oversized batch peaks at 1,195 MiB is only
+1.46x its usual peak, while that step's working memory grew about 6x).
 `baseline_bytes` is reported in the same terms as `peak_bytes`: the memory
 in use before the step plus the usual working memory.
 
@@ -14,8 +16,9 @@ Only a real peak is judged: a device whose sources have no peak for a step
 (`peak_bytes` missing) is not judged at that step. On JAX, where no source
 sees a step's peak, XLA's plan of the step stands in: on the devices the
 step runs on, `plan_bytes` is the plan, and where the device has no
-per-step peak of its own, `peak_bytes` is the memory in use before the step
-plus the plan's working part, so the working memory judged is the plan's.
+per-step peak of its own, `peak_bytes` is the memory in use between steps
+(`derived.SettledInUse`: never a step in flight) plus the plan's working
+part, so the working memory judged is the plan's.
 Where a device has neither, a rise of its high-water mark is judged against
 the previous mark above the memory in use: the most any earlier step can
 have needed (not during warm-up, nor without an earlier mark).
@@ -29,10 +32,11 @@ from typing import Optional
 
 import numpy as np
 
-from keras_memwatch.record.block import (BASELINE, CURRENT, MISSING, PEAK, PLAN, Block,
-                                  before_each, last_present, last_present_before,
-                                  optional)
-from keras_memwatch.judge.derived import working_memory
+from keras_memwatch import columns as C
+from keras_memwatch.record.block import (BASELINE, CURRENT, MISSING, PEAK, PHASE_CODES,
+                                  PLAN, Block, before_each, last_present,
+                                  last_present_before, optional)
+from keras_memwatch.judge.derived import SettledInUse, working_memory
 from keras_memwatch.judge.detector import DriftMonitor, SpikeDetector
 from keras_memwatch.judge.events import DriftEvent, RiseEvent, SpikeEvent
 from keras_memwatch.units import MIB, format_bytes
@@ -42,9 +46,12 @@ logger = logging.getLogger("keras_memwatch")
 # What becomes of a sample: it ends a burst, leaves it be, or is a spike.
 _ENDS, _NEUTRAL, _SPIKE = 0, 1, 2
 
+_TRAIN = PHASE_CODES["train"]
+
 
 class SpikeMonitor:
-    """One spike detector and one drift monitor per device.
+    """One spike detector per device and phase, one drift monitor per
+    device (of the training steps).
 
     Args:
         devices: the devices of each sample, in row order.
@@ -61,6 +68,8 @@ class SpikeMonitor:
             per-step peak), or None. Defaults to `None`.
         where: put before every alert, e.g. `"process 1 on host-a: "`.
             Defaults to `""`.
+        call: which call of the watch's record the samples are (for the
+            events). Defaults to `0`.
     """
 
     def __init__(
@@ -75,10 +84,12 @@ class SpikeMonitor:
         per_step_peak: Optional[Sequence[bool]] = None,
         peak_at: Optional[Sequence[Optional[int]]] = None,
         where: str = "",
+        call: int = 0,
     ):
         self.devices = tuple(devices)
         self.alert = alert
         self.where = where
+        self.call = call
         per_step = per_step_peak or [True] * len(self.devices)
         self._planned = [d in planned for d in self.devices]
         self._peak_from_plan = [d in planned and not p
@@ -91,11 +102,14 @@ class SpikeMonitor:
         self._marks: list[Optional[int]] = [None] * len(self.devices)
         #: Per device: samples not judged because XLA compiled meanwhile.
         self.compiling = [0] * len(self.devices)
-        self._judged = [0] * len(self.devices)
+        # Per device, samples judged so far in each phase.
+        self._judged = [[0] * len(C.PHASES) for _ in self.devices]
         self._detectors = [
-            SpikeDetector(window, threshold, min_delta_mb, warmup)
-            for _ in self.devices
+            [SpikeDetector(window, threshold, min_delta_mb, warmup)
+             for _ in self.devices]
+            for _ in C.PHASES
         ]
+        self._settled = [SettledInUse() if p else None for p in self._peak_from_plan]
         # Drift is judged on the memory held between steps, smoothed so that
         # an allocator's sawtooth is not mistaken for growth.
         self._drift = [DriftMonitor(min_delta_mb, smooth=window)
@@ -118,9 +132,9 @@ class SpikeMonitor:
 
         Args:
             block: consecutive samples, their tables from the sampler.
-            judged: per sample, False for the train-begin sample and
-                non-training phases, whose values only become the
-                reference for the next step.
+            judged: per sample, False for the sample at the start of a
+                call, whose values only become the reference for the next
+                step.
             plans: per sample, XLA's plan of the step (`total_bytes`,
                 `working_bytes`; `MISSING` where none), on JAX. Defaults to
                 `None`.
@@ -132,7 +146,8 @@ class SpikeMonitor:
         new: list[SpikeEvent] = []
         for i, table in enumerate(block.tables):
             may_skip = compiled is not None and not self._planned[i]
-            if may_skip and self._detectors[i].warming_up and (compiled & judged).any():
+            if (may_skip and self._detectors[_TRAIN][i].warming_up
+                    and (compiled & judged).any()):
                 # Whether warm-up is over decides a compiled sample's fate:
                 # one sample at a time, so that each sees it as it stands.
                 for k in range(len(block)):
@@ -150,8 +165,12 @@ class SpikeMonitor:
                       compiled: Optional[np.ndarray], at: slice) -> list[SpikeEvent]:
         table, spikes, judged = block.tables[i][at], block.spikes[i][at], judged[at]
         current = table[:, CURRENT]
-        last = self._before[i]
-        before = before_each(current, MISSING if last is None else last)
+        phase = block.phase[at]
+        if self._settled[i] is not None:
+            before = self._settled[i].push_many(current)
+        else:
+            last = self._before[i]
+            before = before_each(current, MISSING if last is None else last)
         self._before[i] = optional(current[-1])
         table[:, BASELINE] = MISSING
         spikes[:] = False
@@ -169,17 +188,22 @@ class SpikeMonitor:
             sources = table[:, self._peak_at[i]]
             marks = last_present_before(sources, MISSING if mark is None else mark)
             self._marks[i] = last_present(sources, mark)
-        self._drift[i].update_many(current[judged & (current >= 0)])
+        train = phase == _TRAIN
+        self._drift[i].update_many(current[judged & train & (current >= 0)])
 
         fate = np.full(len(table), _ENDS, np.int8)
         skipped = np.zeros(len(table), bool)
         if (compiled is not None and not self._planned[i]
-                and not self._detectors[i].warming_up):
+                and not self._detectors[_TRAIN][i].warming_up):
             skipped = judged & compiled[at]
             self.compiling[i] += int(skipped.sum())
         counted = judged & (before >= 0) & ~skipped
-        count = self._judged[i] + np.cumsum(counted)
-        self._judged[i] = int(count[-1])
+        count = np.zeros(len(table), np.int64)  # judged so far in its phase
+        for p in np.unique(phase[counted]).tolist():
+            mine = phase == p
+            so_far = self._judged[i][p] + np.cumsum(counted & mine)
+            count[mine] = so_far[mine]
+            self._judged[i][p] = int(so_far[-1])
         peak = table[:, PEAK]
         working = working_memory(peak, before)
         reach = counted & (peak >= 0)
@@ -187,7 +211,7 @@ class SpikeMonitor:
         # Without a per-step peak or a plan, judged against the marks.
         by_mark = reach & (self._by_mark[i] | (self._peak_from_plan[i] & ~planned))
         if by_mark.any():
-            detector = self._detectors[i]
+            detector = self._detectors[_TRAIN][i]  # its options: all share them
             known = by_mark & (marks >= 0) & (count > detector.warmup)
             usual[known] = np.maximum(marks[known] - before[known], 0)
             spikes[known] = ((working[known] > usual[known] * detector.threshold)
@@ -195,10 +219,10 @@ class SpikeMonitor:
                                 + detector.min_delta_mb * MIB))
             fate[by_mark & ~known] = _NEUTRAL
         fed = reach & ~by_mark
-        if fed.any():
-            found, baselines = self._detectors[i].update_many(working[fed])
+        for p in np.unique(phase[fed]).tolist():
+            where = np.flatnonzero(fed & (phase == p))
+            found, baselines = self._detectors[p][i].update_many(working[where])
             known = ~np.isnan(baselines)
-            where = np.flatnonzero(fed)
             usual[where[known]] = baselines[known].astype(np.int64)
             spikes[where[known]] = found[known]
             fate[where[~known]] = _NEUTRAL
@@ -222,7 +246,7 @@ class SpikeMonitor:
             event = SpikeEvent(
                 int(block.step[j]), int(block.epoch[j]), optional(block.batch[j]),
                 self.devices[i], int(table[k, PEAK]), int(table[k, BASELINE]),
-                int(working[k]), int(usual[k]))
+                int(working[k]), int(usual[k]), C.PHASES[block.phase[j]], self.call)
             new.append(event)
             if self.alert and not self._burst[i]:
                 logger.warning("%s%s", self.where, event.message)

@@ -1,19 +1,20 @@
-"""MemWatch's batch hooks for one fit: the hot path.
+"""MemWatch's batch hooks for one call of `fit`, `evaluate` or `predict`:
+the hot path.
 
-Keras calls them at every batch, so they are built once per fit as closures
-over exactly what they touch, and installed on the callback for the length
-of the fit (`install`, `remove`): Keras then calls them directly, with no
-dispatch in between.
+Keras calls them at every batch, so they are built once per call as
+closures over exactly what they touch, and installed on the callback for
+the length of the call (`install`, `remove`): Keras then calls them
+directly, with no dispatch in between.
 
 - A batch-end hook reads the probes and hands the raw readings to the
   pipeline, in the order read, with the batch's key; it fills Keras's logs
-  for training batches. Nothing else: the pipeline's thread judges, records
-  and streams.
+  (`LogsMetrics`). Nothing else: the pipeline's thread judges, records and
+  streams.
 - Where batch-end hooks run on Keras's worker threads (`async_safe`), the
   batch-begin hook, on the training thread, announces each sampled batch in
   batch order (the pipeline's `Sequencer` pairs it with a read) and names
-  the batch XLA's planner sees. Otherwise batch-end hooks run in order and
-  the begin hook does nothing.
+  the training batch XLA's planner sees. Otherwise batch-end hooks run in
+  order and the begin hook does nothing.
 - On the training thread, a hook does the chores: it drains the pipeline
   when its thread fell behind, and calls `on_spike` with the spikes found.
 """
@@ -23,28 +24,30 @@ from __future__ import annotations
 from time import perf_counter
 from typing import Any, Callable, Optional
 
-#: The callback's methods these hooks stand in for during a fit.
+from keras_memwatch.record.logs_metrics import LogsMetrics
+
+#: The callback's methods these hooks stand in for during a call.
 NAMES = ("on_train_batch_begin", "on_train_batch_end",
-         "on_test_batch_begin", "on_test_batch_end")
+         "on_test_batch_begin", "on_test_batch_end",
+         "on_predict_batch_begin", "on_predict_batch_end")
 
 
 def batch_hooks(watch: Any, read: Callable[[], list],
-                figures: Optional[Callable[[tuple, list, dict], None]],
+                figures: Optional[LogsMetrics],
                 plans: Optional[Callable[[Optional[tuple]], None]],
                 every_n: int, steps_per_execution: int,
                 in_order: bool) -> dict[str, Callable]:
-    """The fit's batch hooks, by the name of the method each stands in for.
+    """The call's batch hooks, by the name of the method each stands in for.
 
     Args:
-        watch: the started `MemWatch`: its pipeline and lock, `_training`,
+        watch: the started `MemWatch`: its pipeline and lock, `_recording`,
             `_epoch`, and its `_chores` and `_fault`.
         read: reads every probe (`Sampler.read`).
-        figures: puts a training batch's figures into Keras's logs from its
-            raw read, or `None`.
+        figures: puts each batch's figures into Keras's logs, or `None`.
         plans: names the training batch whose step runs next (XLA's
             planner), or `None`.
         every_n: sample every n-th batch.
-        steps_per_execution: batches one call of the train function runs
+        steps_per_execution: batches one call of the step function runs
             (a hook sees only the last).
         in_order: whether Keras runs the batch-end hooks in order on the
             training thread.
@@ -53,6 +56,9 @@ def batch_hooks(watch: Any, read: Callable[[], list],
     pending, expect, wake = pipe.pending, pipe.expect, pipe.wake
     block, overdue = pipe.block, pipe.overdue_at
     chores, fault = watch._chores, watch._fault
+    take = figures.take if figures is not None else None
+    add = figures.add if figures is not None else None
+    announce = figures.announce if figures is not None else None
     spe = steps_per_execution
     every = every_n == 1 and spe == 1
 
@@ -60,9 +66,9 @@ def batch_hooks(watch: Any, read: Callable[[], list],
         """Whether the execution that ends at batch `last` covers an n-th batch."""
         return (last + 1) // every_n > (last + 1 - spe) // every_n
 
-    def end_hook(phase: str, logs_figures: Optional[Callable]) -> Callable:
+    def end_hook(phase: str) -> Callable:
         def on_batch_end(batch: int, logs: Optional[dict] = None) -> None:
-            if not watch._training:
+            if not watch._recording:
                 return
             try:
                 if in_order and (len(pending) >= overdue or pipe.events):
@@ -71,11 +77,12 @@ def batch_hooks(watch: Any, read: Callable[[], list],
                     key = (phase, watch._epoch, batch)
                     with lock:  # appended in the order read
                         raw = read()
+                        ticket = take(key, raw) if take is not None else None
                         pending.append((key, perf_counter(), raw))
                     if len(pending) >= block:
                         wake()
-                    if logs_figures is not None and logs is not None:
-                        logs_figures(key, raw, logs)
+                    if ticket is not None and logs is not None:
+                        add(key, ticket, logs)
             except Exception as e:
                 fault("on_batch_end", e)
 
@@ -83,7 +90,7 @@ def batch_hooks(watch: Any, read: Callable[[], list],
 
     def begin_hook(phase: str, name_step: Optional[Callable]) -> Callable:
         def on_batch_begin(batch: int, logs: Optional[dict] = None) -> None:
-            if not watch._training:
+            if not watch._recording:
                 return
             try:
                 if len(pending) >= overdue or pipe.events:
@@ -92,6 +99,8 @@ def batch_hooks(watch: Any, read: Callable[[], list],
                 key = (phase, watch._epoch, last) if every or due(last) else None
                 if key is not None:
                     expect(key)
+                    if announce is not None:
+                        announce(key)
                 if name_step is not None:
                     name_step(key)
             except Exception as e:
@@ -99,13 +108,12 @@ def batch_hooks(watch: Any, read: Callable[[], list],
 
         return on_batch_begin
 
-    hooks = {"on_train_batch_end": end_hook("train", figures),
-             "on_test_batch_end": end_hook("test", None)}
-    if in_order:
-        hooks["on_train_batch_begin"] = hooks["on_test_batch_begin"] = _nothing
-    else:
-        hooks["on_train_batch_begin"] = begin_hook("train", plans)
-        hooks["on_test_batch_begin"] = begin_hook("test", None)
+    hooks = {}
+    for phase in ("train", "test", "predict"):
+        hooks[f"on_{phase}_batch_end"] = end_hook(phase)
+        hooks[f"on_{phase}_batch_begin"] = (
+            _nothing if in_order
+            else begin_hook(phase, plans if phase == "train" else None))
     return hooks
 
 

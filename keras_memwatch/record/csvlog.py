@@ -34,7 +34,7 @@ import pandas as pd
 
 from keras_memwatch import columns as C
 from keras_memwatch.record.block import Block
-from keras_memwatch.record.recorder import empty_frame, normalize_dtypes
+from keras_memwatch.record.recorder import concat_frames, empty_frame, normalize_dtypes
 
 logger = logging.getLogger("keras_memwatch")
 
@@ -58,7 +58,7 @@ REQUIRED_COLUMNS: tuple[str, ...] = (
 LOG_COLUMN = "log"
 
 _HEADER = (",".join(C.COLUMNS) + "\n").encode()
-_BYTES_FIELDS = C.COLUMNS[C.COLUMNS.index("time_s") + 1:-len(C.PROCESS_COLUMNS)]
+_BYTES_FIELDS = C.COLUMNS[C.COLUMNS.index("time_s") + 1:-len(C.CALL_COLUMNS)]
 _PARQUET_MAGIC = b"PAR1"
 
 
@@ -81,16 +81,18 @@ class CsvLog:
 
     Args:
         path: the file to create. It must not exist yet.
-        process, hostname: written on every row. Defaults to `0` and `""`.
+        process, hostname, call: written on every row. Defaults to `0`,
+            `""` and `0`.
 
     Raises:
         FileExistsError: if `path` exists (`create_free` takes the next
             free name instead).
     """
 
-    def __init__(self, path: PathLike, process: int = 0, hostname: str = ""):
+    def __init__(self, path: PathLike, process: int = 0, hostname: str = "",
+                 call: int = 0):
         self.path = os.fspath(path)
-        self._tail = f",{process},{hostname}\n"
+        self._tail = f",{process},{hostname},{call}\n"
         self._lines: dict[tuple, list[str]] = {}  # devices -> per phase
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
         self._fd: Optional[int] = os.open(self.path, flags, 0o644)
@@ -98,7 +100,7 @@ class CsvLog:
 
     @classmethod
     def create_free(cls, path: PathLike, process: int = 0,
-                    hostname: str = "") -> CsvLog:
+                    hostname: str = "", call: int = 0) -> CsvLog:
         """Creates `path`, or the first of `stem.1.csv`, `stem.2.csv`, ...
         that does not exist.
 
@@ -108,8 +110,8 @@ class CsvLog:
 
         Args:
             path: the name wanted.
-            process, hostname: written on every row. Defaults to `0` and
-                `""`.
+            process, hostname, call: written on every row. Defaults to
+                `0`, `""` and `0`.
 
         Returns:
             The open log; its `path` is the name it got.
@@ -120,7 +122,7 @@ class CsvLog:
         """
         for candidate in numbered(path):
             try:
-                return cls(candidate, process, hostname)
+                return cls(candidate, process, hostname, call)
             except FileExistsError:
                 continue
         raise FileExistsError(
@@ -201,40 +203,49 @@ def numbered(path: PathLike) -> Iterable[str]:
         yield f"{stem}.{n}{ext}"
 
 
-def log_path_for(path: PathLike, process: int, process_count: int) -> str:
+def log_path_for(path: PathLike, process: int, process_count: int,
+                 trial: Optional[str] = None) -> str:
     """The log file of one process: `{rank}` in `path` replaced by
     `process`; else, when several processes train, `stem.rank{N}.ext`;
-    else `path` itself."""
+    else `path` itself. Inside a KerasTuner trial, `.trial{ID}` then goes
+    before the extension (`mem.trial3.csv`, characters other than letters,
+    digits, `-` and `_` in the id replaced by `_`)."""
     path = os.fspath(path)
     if RANK_FIELD in path:
-        return path.replace(RANK_FIELD, str(process))
-    if process_count > 1:
+        path = path.replace(RANK_FIELD, str(process))
+    elif process_count > 1:
         stem, ext = os.path.splitext(path)
-        return f"{stem}.rank{process}{ext}"
+        path = f"{stem}.rank{process}{ext}"
+    if trial is not None:
+        stem, ext = os.path.splitext(path)
+        path = f"{stem}.trial{re.sub(r'[^A-Za-z0-9_-]', '_', trial)}{ext}"
     return path
 
 
 def open_log(path: PathLike, process: int = 0, process_count: int = 1,
-             hostname: str = "", earlier: Sequence[str] = ()) -> Optional[CsvLog]:
-    """Opens this process's log at train begin; never raises.
+             hostname: str = "", earlier: Sequence[str] = (), call: int = 0,
+             trial: Optional[str] = None) -> Optional[CsvLog]:
+    """Opens the log of one call (`fit`, `evaluate` or `predict`) of this
+    process; never raises.
 
     The name is `log_path_for(path, ...)`, or the next free one
     (`create_free`). Taking another name than the one wanted is logged
     once at WARNING, unless the wanted name is one this watch wrote itself
-    (`earlier`: a later fit of the same instance).
+    (`earlier`: a later call of the same instance) or a KerasTuner trial's
+    (another execution of the trial; the caller names the file).
 
     Returns:
         The open log, or `None` (with a WARNING) when no file could be
         created; training then goes on, recorded in memory only.
     """
-    wanted = log_path_for(path, process, process_count)
+    wanted = log_path_for(path, process, process_count, trial)
     try:
-        log = CsvLog.create_free(wanted, process, hostname)
+        log = CsvLog.create_free(wanted, process, hostname, call)
     except OSError as e:
         logger.warning("cannot create the log %s (%s); the record stays in "
                        "memory only", wanted, e)
         return None
-    if log.path != wanted and wanted not in earlier:
+    if log.path != wanted and wanted not in earlier and trial is None:
         logger.warning("%s exists (another process or job, or an earlier run); "
                        "this process writes %s instead", wanted, log.path)
     return log
@@ -291,10 +302,7 @@ def load_log(path: Union[PathLike, Sequence[PathLike]]) -> pd.DataFrame:
         frame = _read_one(name)
         frame[LOG_COLUMN] = name
         frames.append(frame)
-    merged = pd.concat(frames, ignore_index=True)
-    devices = merged["device"].astype(str)
-    merged["device"] = pd.Categorical(devices, categories=pd.unique(devices))
-    merged = merged.sort_values("process", kind="stable")
+    merged = concat_frames(frames).sort_values("process", kind="stable")
     return merged.reset_index(drop=True)
 
 

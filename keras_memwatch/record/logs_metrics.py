@@ -1,7 +1,17 @@
 """`mem_peak_mib` and `mem_current_mib` for Keras's batch and epoch logs.
 
-Filled on the hot path from the raw read of the main device (no rows are
+Filled on the hot path from the raw reads of the main device (no rows are
 built there), so the progress bar, `History` and `CSVLogger` show them.
+
+A batch's figures are those of the read its row in the record gets. Where
+batch-end hooks run on Keras's worker threads (JAX, a GPU), they can run
+out of batch order, and the record pairs the reads, in the order they were
+taken, with the batches, in the order they began (`Sequencer`). A hook
+that runs before an earlier batch's hook has read finds its own batch's
+read not taken yet; rather than wait for it, it logs the figures of the
+latest batch whose read is known under `mem_peak_mib_prior_batch` and
+`mem_current_mib_prior_batch`, and leaves `mem_peak_mib` and
+`mem_current_mib` out.
 """
 
 from __future__ import annotations
@@ -9,80 +19,138 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any, Optional
 
-from keras_memwatch.record.sampler import Sampler
+from keras_memwatch.judge.derived import SettledInUse
 from keras_memwatch.judge.step_plan import StepPlanner
+from keras_memwatch.record.sampler import Sampler
 from keras_memwatch.units import MIB
 
-#: Puts one training batch's figures into its logs: `(key, raw read, logs)`.
-Figures = Callable[[Hashable, list, dict], None]
+#: The batch's own figures, and those of an earlier batch, by name.
+PEAK, CURRENT = "mem_peak_mib", "mem_current_mib"
+PRIOR_PEAK, PRIOR_CURRENT = PEAK + "_prior_batch", CURRENT + "_prior_batch"
+
+Figures = tuple[Optional[int], Optional[int]]  # (peak, current) in bytes
 
 
 class LogsMetrics:
-    """The main device's figures, per batch from a raw read.
+    """The main device's figures per batch, for Keras's batch logs.
 
-    `add(key, raw, logs)` adds one batch's figures to its logs (reads in
-    batch order). Where one probe gives both the current bytes and a peak
-    per step (the usual case), it is a single closure with no calls.
+    Call `begin(raw)` with the read at the start of a call, `announce(key)`
+    on the training thread as each sampled batch begins (where hooks may
+    run out of order), `take(key, raw)` right after each read, holding the
+    lock the reads are taken under (so in read order), and `add(key,
+    ticket, logs)` with what `take` returned, to fill the batch's logs.
+
+    Where one probe gives both the current bytes and a peak per step (the
+    usual case), the figures of a read are two look-ups. On JAX, without a
+    per-step peak, the peak is the memory in use between steps
+    (`derived.SettledInUse`) plus the working part of XLA's plan of the
+    batch's step, as in the record.
 
     Args:
-        sampler: the fit's started sampler.
+        sampler: the call's started sampler.
         primary: index of the main device.
         planner: XLA's plans (JAX), for a device without a per-step peak.
+        in_order: whether the batch-end hooks run in batch order (on the
+            training thread): each read is then its own batch's.
     """
 
     def __init__(self, sampler: Sampler, primary: int,
-                 planner: Optional[StepPlanner]):
+                 planner: Optional[StepPlanner], in_order: bool = True):
         self._planner = planner
-        self._last_current: Optional[int] = None
-        self._current = self._peak = None
-        self.add: Figures = self._add
+        self._in_order = in_order
+        self._positions: dict[Hashable, int] = {}  # key -> position begun
+        self._keys: dict[int, Hashable] = {}  # position -> key
+        self._begun = 0
+        self._figures: dict[int, Figures] = {}  # read index -> figures
+        self._reads = 0
+        self._settled: Optional[SettledInUse] = None
+        self._figures_of: Callable[[Hashable, list], Figures] = _no_figures
         if not sampler.devices:
-            self.add = _nothing
             return
         current = sampler.current_columns[primary]
         self._current = value_reader(sampler, primary, current)
+        self._figures_of = self._planned
         if sampler.per_step_peak[primary]:
             peak = (sampler.peak_columns[primary],)
             self._peak = value_reader(sampler, primary, peak)
+            self._figures_of = self._measured
             places = sampler.places(primary, current), sampler.places(primary, peak)
             if len(places[0]) == len(places[1]) == 1:
-                self.add = _direct(places[0][0], places[1][0], self._add)
+                self._figures_of = _direct(places[0][0], places[1][0],
+                                           self._measured)
+        else:
+            self._settled = SettledInUse()
 
-    def _add(self, key: Hashable, raw: list, logs: dict) -> None:
-        current = _bytes(self._current(raw))
-        if self._peak is not None:
-            peak = _bytes(self._peak(raw))
-        else:  # JAX: in use before the step plus its plan's working part
-            plan = self._planner.peek(key) if self._planner else None
-            before = self._last_current
-            peak = None if plan is None or before is None else before + plan.working_bytes
-        self._last_current = current
+    def begin(self, raw: list) -> None:
+        """Takes the read at the start of the call (the memory in use
+        before its first batch)."""
+        if self._settled is not None:
+            self._settled.push(_bytes(self._current(raw)))
+
+    def announce(self, key: Hashable) -> None:
+        """Notes that the batch named `key` begins (training thread)."""
+        position = self._begun
+        self._positions[key] = position
+        self._keys[position] = key
+        self._begun = position + 1
+
+    def take(self, key: Hashable, raw: list) -> tuple[int, Figures]:
+        """Works out the figures of a read; returns the ticket for `add`:
+        the read's index and figures. Call in read order."""
+        index = self._reads
+        self._reads = index + 1
+        figures = self._figures[index] = self._figures_of(
+            self._keys.pop(index, key), raw)
+        return index, figures
+
+    def add(self, key: Hashable, ticket: tuple[int, Figures], logs: dict) -> None:
+        """Puts the batch's figures into its logs, or, where its read is not
+        taken yet, those of the read just taken (the latest batch whose
+        read is known) under the `_prior_batch` names."""
+        index, figures = ticket
+        position = index if self._in_order else self._positions.pop(key, index)
+        if position <= index:
+            add_metrics(logs, *self._figures.pop(position, (None, None)))
+        else:
+            add_metrics(logs, *figures, PRIOR_PEAK, PRIOR_CURRENT)
+
+    def _measured(self, key: Hashable, raw: list) -> Figures:
+        current, peak = _bytes(self._current(raw)), _bytes(self._peak(raw))
         if peak is not None and current is not None and peak < current:
             peak = current
-        add_metrics(logs, peak, current)
+        return peak, current
+
+    def _planned(self, key: Hashable, raw: list) -> Figures:
+        current = _bytes(self._current(raw))
+        before = self._settled.push(current) if self._settled is not None else None
+        plan = self._planner.peek(key) if self._planner is not None else None
+        if plan is None or before is None:
+            return None, current
+        return before + plan.working_bytes, current
 
 
 def _direct(current_at: tuple[int, int, int], peak_at: tuple[int, int, int],
-            otherwise: Figures) -> Figures:
+            otherwise: Callable[[Hashable, list], Figures]
+            ) -> Callable[[Hashable, list], Figures]:
     """Figures read straight from the raw read; anything unusual (a probe
     not read, failed or giving garbage) goes to `otherwise`."""
     (cp, cs, cc), (pp, ps, pc) = current_at, peak_at
 
-    def add(key: Hashable, raw: list, logs: dict) -> None:
+    def figures(key: Hashable, raw: list) -> Figures:
         try:
             current, peak = raw[cp][cs][cc], raw[pp][ps][pc]
         except (TypeError, IndexError, KeyError):
-            return otherwise(key, raw, logs)
+            return otherwise(key, raw)
         if type(current) is not int or type(peak) is not int or current < 0:
-            return otherwise(key, raw, logs)
-        logs["mem_peak_mib"] = (peak if peak > current else current) / MIB
-        logs["mem_current_mib"] = current / MIB
+            return otherwise(key, raw)
+        return (peak if peak > current else current), current
 
-    return add
+    return figures
 
 
-def _nothing(key: Hashable, raw: list, logs: dict) -> None:
+def _no_figures(key: Hashable, raw: list) -> Figures:
     """No device: no figures."""
+    return None, None
 
 
 def _bytes(value: Any) -> Optional[int]:
@@ -92,12 +160,13 @@ def _bytes(value: Any) -> Optional[int]:
     return None
 
 
-def add_metrics(logs: dict, peak: Optional[int], current: Optional[int]) -> None:
+def add_metrics(logs: dict, peak: Optional[int], current: Optional[int],
+                peak_name: str = PEAK, current_name: str = CURRENT) -> None:
     """Puts the figures into Keras's `logs`, in MiB; a missing one is left out."""
     if peak is not None:
-        logs["mem_peak_mib"] = peak / MIB
+        logs[peak_name] = peak / MIB
     if current is not None:
-        logs["mem_current_mib"] = current / MIB
+        logs[current_name] = current / MIB
 
 
 def value_reader(sampler: Sampler, device_index: int,

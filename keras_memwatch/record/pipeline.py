@@ -41,7 +41,7 @@ from keras_memwatch.judge.step_plan import StepPlanner
 
 logger = logging.getLogger("keras_memwatch")
 
-Key = tuple  # (phase, epoch, batch); batch None for the train-begin sample
+Key = tuple  # (phase, epoch, batch); batch None for the sample at a call's start
 
 _TRAIN = PHASE_CODES["train"]
 
@@ -164,11 +164,11 @@ class Pipeline:
                       [np.zeros(n, bool) for _ in tables])
         self.step += n
         train = phase == _TRAIN
-        judged = train & (batch >= 0)
+        judged = batch >= 0  # not the sample at the start of the call
         plans = compiled = None
         if self.planner is not None:
             plans = np.full((2, n), MISSING, np.int64)
-            for i in np.flatnonzero(judged).tolist():
+            for i in np.flatnonzero(train & judged).tolist():
                 plan = self.planner.take(keys[i])
                 if plan is not None:
                     plans[:, i] = plan.total_bytes, plan.working_bytes

@@ -79,16 +79,18 @@ class Recorder:
         self.reset({})
 
     def reset(self, device_columns: dict[str, tuple[str, ...]],
-              process: int = 0, hostname: str = "") -> None:
+              process: int = 0, hostname: str = "", call: int = 0) -> None:
         """Forgets every row.
 
         Args:
             device_columns: device -> the source columns its probes fill.
             process, hostname: which process writes the rows, and where.
                 Defaults to `0` and `""`.
+            call: which call of the watch's record the rows are. Defaults
+                to `0`.
         """
         with self._lock:
-            self.process, self.hostname = process, hostname
+            self.process, self.hostname, self.call = process, hostname, call
             self.devices = tuple(device_columns)
             self._columns = [table_columns(device_columns[d]) for d in self.devices]
             self._blocks = _Blocks(self.max_rows)
@@ -144,7 +146,7 @@ class Recorder:
         n = len(table)
         by_column = np.ascontiguousarray(table.T)  # a copy the frame owns
         data: dict[str, object] = dict(meta, device=k, time_s=time_s)
-        for name in C.COLUMNS[6:-len(C.PROCESS_COLUMNS)]:
+        for name in C.COLUMNS[6:-len(C.CALL_COLUMNS)]:
             if name == "spike":
                 data[name] = spikes
             elif name in names:
@@ -154,6 +156,7 @@ class Recorder:
                 data[name] = _missing(n)
         data["process"] = np.full(n, self.process, dtype=np.int64)
         data["hostname"] = self.hostname
+        data[C.CALL] = np.full(n, self.call, dtype=np.int64)
         return pd.DataFrame(data, columns=list(C.COLUMNS))
 
 
@@ -171,11 +174,23 @@ def empty_frame() -> pd.DataFrame:
     return normalize_dtypes(pd.DataFrame({c: [] for c in C.COLUMNS}))
 
 
+def concat_frames(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """Frames of several calls or logs as one, in the order given; the
+    devices stay categorical, in order of first appearance."""
+    frames = [f for f in frames if len(f)] or list(frames[:1]) or [empty_frame()]
+    if len(frames) == 1:
+        return frames[0]
+    merged = pd.concat(frames, ignore_index=True)
+    devices = merged["device"].astype(str)
+    merged["device"] = pd.Categorical(devices, categories=pd.unique(devices))
+    return merged
+
+
 def normalize_dtypes(frame: pd.DataFrame) -> pd.DataFrame:
     """Gives a frame read from elsewhere (a CSV log) the recorder's dtypes.
 
     Logs written before a column existed read it as missing, and as process
-    0 on an unknown host.
+    0 on an unknown host, call 0.
     """
     frame = frame.reindex(columns=list(C.COLUMNS))
     out = pd.DataFrame(index=frame.index)
@@ -193,4 +208,5 @@ def normalize_dtypes(frame: pd.DataFrame) -> pd.DataFrame:
     out["process"] = frame["process"].fillna(0).astype(np.int64)
     hosts = frame["hostname"].astype(object)
     out["hostname"] = hosts.where(hosts.notna(), "").astype(str)
+    out[C.CALL] = frame[C.CALL].fillna(0).astype(np.int64)
     return out[list(C.COLUMNS)]

@@ -158,6 +158,26 @@ def test_log_path_of_each_process():
     assert log_path_for("/d/mem-{rank}.csv", 0, 1) == "/d/mem-0.csv"
 
 
+def test_log_path_of_a_kerastuner_trial():
+    assert log_path_for("/d/kt.csv", 0, 1, trial="03") == "/d/kt.trial03.csv"
+    assert log_path_for("/d/kt.csv", 1, 2, trial="7") == "/d/kt.rank1.trial7.csv"
+    assert log_path_for("/d/kt.csv", 0, 1, trial="a/b c") == "/d/kt.triala_b_c.csv"
+
+
+def test_each_call_of_a_watch_has_its_number_on_every_row(tmp_path):
+    log = CsvLog(tmp_path / "m.csv", call=2)
+    recorder = Recorder()
+    recorder.reset({"host": HOST_SOURCES}, call=2)
+    part = block_of([(i, 0, i, "predict", 0.0, [host_row(i)]) for i in range(3)],
+                    [HOST_SOURCES])
+    recorder.extend(part)
+    log.write_text(log.format(part, ("host",), [table_columns(HOST_SOURCES)]))
+    log.close()
+    frame = load_log(tmp_path / "m.csv")
+    assert frame[C.CALL].tolist() == [2, 2, 2]
+    pd.testing.assert_frame_equal(frame, recorder.to_dataframe())
+
+
 def test_open_log_warns_about_a_taken_name_never_raises(tmp_path, memwatch_logs):
     (tmp_path / "mem.rank1.csv").write_text("another job's")
     log = open_log(tmp_path / "mem.csv", 1, 2, "node-b")
@@ -170,6 +190,12 @@ def test_open_log_warns_about_a_taken_name_never_raises(tmp_path, memwatch_logs)
                      earlier=[str(tmp_path / "mem.rank1.csv")])
     again.close()
     assert again.path == str(tmp_path / "mem.rank1.2.csv")
+    assert memwatch_logs.text == ""
+    # A second execution of a KerasTuner trial: its own name, no warning.
+    for _ in range(2):
+        open_log(tmp_path / "kt.csv", trial="3").close()
+    assert sorted(p.name for p in tmp_path.glob("kt*")) == ["kt.trial3.1.csv",
+                                                           "kt.trial3.csv"]
     assert memwatch_logs.text == ""
     assert open_log(tmp_path / "gone" / "mem.csv") is None
     assert "cannot create the log" in memwatch_logs.text

@@ -5,7 +5,7 @@ import threading
 import numpy as np
 
 from keras_memwatch import columns as C
-from keras_memwatch.record.recorder import Recorder, empty_frame
+from keras_memwatch.record.recorder import Recorder, concat_frames, empty_frame
 
 from conftest import GPU_SOURCES, HOST_SOURCES, block_of, gpu_row, host_row
 
@@ -115,3 +115,17 @@ def test_builds_a_million_rows_from_small_blocks():
     frame = recorder.to_dataframe()
     assert len(frame) == 1_000_000
     assert frame["step"].iloc[-1] == 999_999
+
+
+def test_the_frames_of_several_calls_join_in_order_devices_kept():
+    first = filled(2).to_dataframe()
+    host_only = Recorder()
+    host_only.reset({"host": HOST_SOURCES}, call=1)
+    host_only.extend(block_of([(0, 0, None, "predict", 0.0, [host_row(0)])],
+                              [HOST_SOURCES]))
+    joined = concat_frames([first, empty_frame(), host_only.to_dataframe()])
+    assert joined[C.CALL].tolist() == [0, 0, 0, 0, 1]
+    assert joined["device"].tolist() == ["GPU:0", "host", "GPU:0", "host", "host"]
+    assert list(joined["device"].cat.categories) == ["GPU:0", "host"]
+    assert joined["phase"].tolist()[-1] == "predict"
+    assert tuple(concat_frames([empty_frame()]).columns) == C.COLUMNS
