@@ -94,14 +94,21 @@ def run(gpu: bool, epochs: int = 3, workers: int = 0,
     device = main_device(frame["device"].astype(str).unique())
     rows = frame[frame["device"].astype(str) == device]
     steps = rows[(rows["phase"] == "train") & rows["batch"].notna()]
-    oversized = steps["batch"].isin(train.oversized_indices)
+    # What ran at each step: Keras's PyDataset with workers hands the
+    # batches over in another order than their indices (a rotation), so the
+    # steps that trained an oversized batch are those with its larger plan.
+    if peaks_from_plan(rows, device):
+        oversized = steps["plan_bytes"] == steps["plan_bytes"].max()
+    else:
+        oversized = steps["batch"].isin(train.oversized_indices)
     summary_peak = watch.breakdown()["devices"][device]["peak_bytes"]
     out: dict[str, Any] = {
         "device": device, "epochs": epochs, "workers": workers,
         "summary_peak_mib": summary_peak / MIB,
         "flagged": watch.spikes.query("phase == 'train'")[["epoch", "batch"]]
         .values.tolist(),
-        "oversized": [[e, b] for e in range(epochs) for b in train.oversized_indices],
+        "oversized": steps.loc[oversized, ["epoch", "batch"]].astype(int)
+        .values.tolist(),
     }
     checks: dict[str, Any] = {}
     if peaks_from_plan(rows, device):

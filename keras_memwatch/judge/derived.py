@@ -5,9 +5,8 @@ all take these from here, so they always agree:
 
 - the memory *in use before* a step: the previous sample's
   `current_bytes` on the same device; where the step's peak comes from
-  XLA's plan (a JAX GPU), the lowest of the last `SETTLED_READINGS`
-  readings up to the step's own (`SettledInUse`), since any one reading
-  may hold steps still in flight;
+  XLA's plan (a JAX GPU), the lowest reading since the call began
+  (`SettledInUse`), since later readings may hold steps still in flight;
 - a step's *working memory*: its peak minus the memory in use before it;
 - a device's *limit*: the allocator's limit where the framework has one,
   else the device's total (NVML);
@@ -19,7 +18,6 @@ all take these from here, so they always agree:
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Optional
 
@@ -37,39 +35,34 @@ SPIKE_COLUMNS = ("step", "epoch", "batch", "device", "peak_bytes",
                  "baseline_bytes", "ratio", "working_bytes",
                  "usual_working_bytes", "phase", "call")
 
-#: Readings, a step's own and those before it, whose lowest is the memory in
-#: use between steps where a step's peak comes from XLA's plan.
-SETTLED_READINGS = 8
-
-
 class SettledInUse:
     """The memory in use between steps on a device whose step peaks come
-    from XLA's plan (JAX): the lowest of the last `SETTLED_READINGS`
-    readings, the step's own included.
+    from XLA's plan (JAX): the lowest reading since the call began.
 
     With asynchronous dispatch a reading taken after a step can hold the
-    buffers of steps still in flight (on one GPU run, 4.6 MB, 1.0 GB and
-    6.1 GB for the same training state), and adding a plan to such a
-    reading counts those steps twice. What stays in use between steps (the
-    training state, data held ahead) is in every reading, so the lowest
-    recent one holds the least in flight; it follows a real rise once
-    `SETTLED_READINGS` readings have seen it. Being at most the step's own
-    reading, a planned peak built on it is never above that reading plus
-    the plan.
+    buffers of steps still in flight, and on a busy accelerator every
+    reading after the first steps may hold one: adding a plan to such a
+    reading counts a step twice. The call's first reading, at its start,
+    holds no step, so the lowest reading since then holds the least in
+    flight. A step's planned peak is that plus the plan: its own need over
+    what stayed in use, never above its reading plus the plan. A rise in
+    what stays in use during a call shows in `current_bytes` and the drift
+    and rise reports, not in the peaks.
     """
 
-    __slots__ = ("_recent",)
+    __slots__ = ("_lowest",)
 
     def __init__(self) -> None:
-        self._recent: deque = deque(maxlen=SETTLED_READINGS)
+        self._lowest: Optional[int] = None
 
     def push(self, current: Optional[int]) -> Optional[int]:
         """Takes the next reading (`None` or negative: missing, skipped);
         returns the memory in use between steps at it, or `None` before any
         reading."""
-        if current is not None and current >= 0:
-            self._recent.append(current)
-        return min(self._recent) if self._recent else None
+        if current is not None and current >= 0 and (
+                self._lowest is None or current < self._lowest):
+            self._lowest = current
+        return self._lowest
 
     def push_many(self, current: np.ndarray) -> np.ndarray:
         """`push` of each value of an int64 array (-1: missing); -1 where
