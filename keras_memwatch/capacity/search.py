@@ -39,7 +39,7 @@ HOST_BATCH = 0.05  # a trial batch's arrays, of the host's available memory
 SLOW_S = 2.0  # on the host, the ladder stops after a size this slow
 MAX_LADDER = 12
 RESOLUTION = 0.02
-MAX_CHECKS = 10
+MAX_CHECKS = 12
 MAX_AIMED = 24  # quick, aimed plans (JAX on a GPU), before the checks
 
 
@@ -214,7 +214,8 @@ class Search:
                    probe_up: bool) -> list[int]:
         """What to ask next for the answer under `headroom`: the middle of
         the gap between the largest size seen to fit and the smallest that
-        failed, where the answer sits at its bottom; else the answer itself,
+        failed, while that gap is open (every answer rests on where the
+        limit lies in it); else the answer itself,
         then the size just above it (and,
         with `probe_up` where XLA recomputes there, sizes 10% and 25% above);
         none where both are known."""
@@ -227,7 +228,7 @@ class Search:
         fits = [o.batch_size for o in checked
                 if o.batch_size <= b and not evidence.failed(o)]
         failed, fitted = evidence.smallest_failure, evidence.largest_fitting
-        if failed is not None and fitted is not None and b >= fitted \
+        if failed is not None and fitted is not None \
                 and failed - fitted > max(1, int(RESOLUTION * fitted)):
             # the record cannot tell where between them the limit lies
             return [(fitted + failed) // 2]
