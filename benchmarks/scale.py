@@ -128,6 +128,7 @@ def pipeline_cost(n: int, repeats: int) -> dict[str, Any]:
     from keras_memwatch.record.probes.host import HostProbe
     from keras_memwatch.record.recorder import Recorder
     from keras_memwatch.record.sampler import Sampler
+    from keras_memwatch.judge.detector import SpikeSettings
     from keras_memwatch.judge.spikes import SpikeMonitor
     from keras_memwatch.judge.step_plan import StepPlan
 
@@ -166,7 +167,7 @@ def pipeline_cost(n: int, repeats: int) -> dict[str, Any]:
         devices = sampler.start()
         recorder = Recorder()
         recorder.reset(sampler.device_columns)
-        monitor = SpikeMonitor(devices, 50, 1.5, 64, 5, alert=False,
+        monitor = SpikeMonitor(devices, SpikeSettings(50, 1.5, 64, 5), alert=False,
                                planned=("GPU:0",), per_step_peak=sampler.per_step_peak,
                                peak_at=sampler.peak_at)
         log = CsvLog(os.path.join(folder, f"{time.perf_counter_ns()}.csv")) if streamed else None

@@ -17,7 +17,7 @@ from keras_memwatch import options
 from keras_memwatch.record import batch_hooks
 from keras_memwatch.record.csvlog import PathLike, open_log
 from keras_memwatch.judge.derived import main_device, spike_table
-from keras_memwatch.judge.detector import SpikeDetector
+from keras_memwatch.judge.detector import SpikeSettings
 from keras_memwatch.judge.events import SpikeEvent
 from keras_memwatch.record.probes import resolve_probes
 from keras_memwatch.record.pipeline import Pipeline
@@ -178,9 +178,8 @@ class MemWatch(keras.callbacks.Callback):
         super().__init__()
         self.async_safe = _asynchronous_steps()
         self.every_n_batches = options.positive_int("every_n_batches", every_n_batches)
-        detector = SpikeDetector(window, threshold, min_delta_mb, warmup)  # checks them
-        self.window, self.threshold = detector.window, detector.threshold
-        self.min_delta_mb, self.warmup = detector.min_delta_mb, detector.warmup
+        self._settings = SpikeSettings.checked(window, threshold, min_delta_mb, warmup)
+        self.window, self.threshold, self.min_delta_mb, self.warmup = self._settings
         self.log_path = options.log_path("log_path", log_path)
         self.on_spike = options.optional_callable("on_spike", on_spike)
         self.add_to_logs = options.boolean("add_to_logs", add_to_logs)
@@ -204,7 +203,7 @@ class MemWatch(keras.callbacks.Callback):
         self._lock = threading.Lock()
         self._pipe: Optional[Pipeline] = None
         self._phase: Optional[str] = None  # of the call running: "train" for a fit
-        self._recording = False
+        self._progress = batch_hooks.Progress()
         self._faults: set[str] = set()
 
     # -- copies ------------------------------------------------------------
@@ -229,7 +228,7 @@ class MemWatch(keras.callbacks.Callback):
     def __reduce__(self) -> tuple:
         """Pickles a watch that has recorded nothing (as its options);
         refuses one that has, saying what to do instead."""
-        if self._calls or self._recording:
+        if self._calls or self._progress.recording:
             raise TypeError(
                 "Expected a MemWatch that has recorded nothing: its record, "
                 "threads and open probes cannot be pickled. Received: a watch "
@@ -256,11 +255,12 @@ class MemWatch(keras.callbacks.Callback):
         self._begin("train")
 
     def on_test_begin(self, logs=None):
-        if not self._recording:  # Keras's validation inside a fit is the fit's
+        # Keras's validation inside a fit is the fit's.
+        if not self._progress.recording:
             self._begin("test")
 
     def on_predict_begin(self, logs=None):
-        if not self._recording:
+        if not self._progress.recording:
             self._begin("predict")
 
     def _begin(self, phase: str) -> None:
@@ -281,8 +281,7 @@ class MemWatch(keras.callbacks.Callback):
         if phase == "train":
             self._planner, self._plan_note, planned = attach_planner(self.model)
         monitor = SpikeMonitor(
-            devices, self.window, self.threshold, self.min_delta_mb,
-            self.warmup, alert=self.verbose > 0, planned=planned,
+            devices, self._settings, alert=self.verbose > 0, planned=planned,
             per_step_peak=self._sampler.per_step_peak,
             peak_at=self._sampler.peak_at,
             where=(f"process {self.process} on {self.hostname}: "
@@ -301,7 +300,7 @@ class MemWatch(keras.callbacks.Callback):
                 if trial is not None:
                     logger.info("KerasTuner trial %s: memory log %s", trial,
                                 log.path)
-        self._epoch = 0
+        self._progress.epoch = 0
         self._t0 = time.perf_counter()
         primary = devices.index(main_device(devices)) if devices else 0
         planner = self._planner if phase == "train" else None
@@ -309,7 +308,7 @@ class MemWatch(keras.callbacks.Callback):
                               primary, self._lock, self._t0)
         self._metrics = LogsMetrics(self._sampler, primary, planner,
                                     in_order=not self.async_safe)
-        self._phase, self._recording = phase, True
+        self._phase, self._progress.recording = phase, True
         with self._lock:
             first = self._sampler.read()
             self._metrics.begin(first)
@@ -323,15 +322,16 @@ class MemWatch(keras.callbacks.Callback):
         spe = max(int(getattr(self.model, "steps_per_execution", 1) or 1), 1)
         planner = self._pipe.planner
         batch_hooks.install(self, batch_hooks.batch_hooks(
-            self, self._sampler.read, self._metrics if self.add_to_logs else None,
+            self._pipe, self._progress, self._sampler.read,
+            self._metrics if self.add_to_logs else None,
             planner.expect if planner is not None else None,
             self.every_n_batches, spe,
             # Hooks on the training thread run in batch order: nothing to
             # announce, and the batch-end hook can do the chores.
-            in_order=not self.async_safe))
+            in_order=not self.async_safe, chores=self._chores, fault=self._fault))
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch
+        self._progress.epoch = epoch
         if self._pipe is not None:
             self._pipe.epoch_peak = None
 
@@ -360,7 +360,7 @@ class MemWatch(keras.callbacks.Callback):
 
     @_never_raises
     def on_epoch_end(self, epoch, logs=None):
-        if self._phase != "train" or not self._recording:
+        if self._phase != "train" or not self._progress.recording:
             return
         self._pipe.end_epoch(epoch)
         if self.add_to_logs and logs is not None:
@@ -369,7 +369,7 @@ class MemWatch(keras.callbacks.Callback):
 
     @_never_raises
     def on_train_end(self, logs=None):
-        if self._phase != "train" or not self._recording:
+        if self._phase != "train" or not self._progress.recording:
             return
         self._finish()
         if self.verbose and self._calls and self._calls[0].recorder.total_samples:
@@ -377,12 +377,12 @@ class MemWatch(keras.callbacks.Callback):
 
     @_never_raises
     def on_test_end(self, logs=None):
-        if self._phase == "test" and self._recording:
+        if self._phase == "test" and self._progress.recording:
             self._finish()
 
     @_never_raises
     def on_predict_end(self, logs=None):
-        if self._phase == "predict" and self._recording:
+        if self._phase == "predict" and self._progress.recording:
             self._finish()
 
     # -- during a call ----------------------------------------------------
@@ -391,7 +391,7 @@ class MemWatch(keras.callbacks.Callback):
         """On the training thread: drains if the pipeline's thread fell
         behind, and calls `on_spike` with the spikes found."""
         pipe = self._pipe
-        if len(pipe.pending) >= pipe.overdue_at:
+        if pipe.overdue:
             pipe.drain()
         if pipe.events:
             self._deliver()
@@ -404,7 +404,7 @@ class MemWatch(keras.callbacks.Callback):
 
     def _finish(self) -> None:
         """Ends a call: every sample recorded, on_spike called, all closed."""
-        self._recording = False
+        self._progress.recording = False
         self._pipe.stop()
         if self._phase != "train":  # a fit closed its bursts at epoch end
             self._pipe.monitor.end_epoch(0)
@@ -467,7 +467,7 @@ class MemWatch(keras.callbacks.Callback):
     @property
     def training(self) -> bool:
         """Whether a fit is running (its probes are open)."""
-        return self._recording and self._phase == "train"
+        return self._progress.recording and self._phase == "train"
 
     @property
     def sources(self) -> dict[str, str]:
@@ -494,7 +494,7 @@ class MemWatch(keras.callbacks.Callback):
         use it where the call is over anyway: `guard()` calls it on an
         out-of-memory error. Returns `{}` when no call is running.
         """
-        if not self._recording:
+        if not self._progress.recording:
             return {}
         return dict(zip(self._sampler.devices, self._pipe.read_now()))
 
@@ -582,7 +582,7 @@ class MemWatch(keras.callbacks.Callback):
         """Ends a fit that raised: commits waiting samples, closes the
         probes and the streamed log. Keras skips `on_train_end` when `fit`
         raises; `guard()` calls this for you."""
-        if self._recording:
+        if self._progress.recording:
             self._finish()
         self._close()
 

@@ -32,6 +32,7 @@ from keras_memwatch.record.block import (MISSING, PHASE_CODES, Block,  # noqa: E
 from keras_memwatch.judge.derived import spike_table  # noqa: E402
 from keras_memwatch.record.probes.base import Probe  # noqa: E402
 from keras_memwatch.record.recorder import Recorder  # noqa: E402
+from keras_memwatch.judge.detector import SpikeSettings  # noqa: E402
 from keras_memwatch.judge.spikes import SpikeMonitor  # noqa: E402
 
 
@@ -177,8 +178,8 @@ def record(readings, device="GPU:0", sources=GPU, limit=16 * GIB,
     options.update(detector)
     peak_column = C.ALLOCATOR_PEAK if sources == GPU else C.HOST_PEAK_RSS
     peak_at = table_columns(sources).index(peak_column)
-    judge = SpikeMonitor((device,), alert=False, per_step_peak=[per_step_peak],
-                         peak_at=[peak_at], **options)
+    judge = SpikeMonitor((device,), SpikeSettings.checked(**options), alert=False,
+                         per_step_peak=[per_step_peak], peak_at=[peak_at])
     recorder = Recorder()
     recorder.reset({device: sources})
     samples = []

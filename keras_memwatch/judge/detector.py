@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections import deque
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -21,7 +21,7 @@ from keras_memwatch import options
 from keras_memwatch.judge.events import DriftEvent, RiseEvent
 from keras_memwatch.units import MIB
 
-__all__ = ["DriftMonitor", "SpikeDetector"]
+__all__ = ["DriftMonitor", "SpikeDetector", "SpikeSettings"]
 
 _INF = float("inf")
 
@@ -57,6 +57,30 @@ def _keep_last(window: deque, values: list, w: int) -> None:
     window.extend(values)
     for _ in range(len(window) - w):
         window.popleft()
+
+
+class SpikeSettings(NamedTuple):
+    """The options of spike detection, checked: what `SpikeDetector` takes."""
+
+    window: int
+    threshold: float
+    min_delta_mb: float
+    warmup: int
+
+    @classmethod
+    def checked(cls, window: object, threshold: object, min_delta_mb: object,
+                warmup: object) -> "SpikeSettings":
+        """The settings, each checked (see `SpikeDetector` for their meaning).
+
+        Raises:
+            TypeError: for an argument of the wrong type (bools are not
+                numbers here).
+            ValueError: for an argument out of range.
+        """
+        return cls(options.positive_int("window", window),
+                   options.number_above("threshold", threshold, 1),
+                   options.non_negative("min_delta_mb", min_delta_mb),
+                   options.non_negative_int("warmup", warmup))
 
 
 class SpikeDetector:
@@ -144,11 +168,19 @@ class SpikeDetector:
         min_delta_mb: float = 64,
         warmup: int = 5,
     ) -> None:
-        self._window_size = options.positive_int("window", window)
-        self._threshold = options.number_above("threshold", threshold, 1)
-        self._min_delta_mb = options.non_negative("min_delta_mb", min_delta_mb)
+        self._apply(SpikeSettings.checked(window, threshold, min_delta_mb, warmup))
+
+    @classmethod
+    def from_settings(cls, settings: "SpikeSettings") -> "SpikeDetector":
+        """A detector of settings checked already (one per device and phase)."""
+        detector = cls.__new__(cls)
+        detector._apply(settings)
+        return detector
+
+    def _apply(self, settings: "SpikeSettings") -> None:
+        self._window_size, self._threshold = settings.window, settings.threshold
+        self._min_delta_mb, self._warmup = settings.min_delta_mb, settings.warmup
         self._min_delta = self._min_delta_mb * MIB
-        self._warmup = options.non_negative_int("warmup", warmup)
         self._plateau = min(
             self._window_size, max(self._warmup, _MAX_ISOLATED_SPIKE + 1)
         )

@@ -26,6 +26,7 @@ have needed (not during warm-up, nor without an earlier mark).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Optional
@@ -37,7 +38,7 @@ from keras_memwatch.record.block import (BASELINE, CURRENT, MISSING, PEAK, PHASE
                                   PLAN, Block, before_each, last_present,
                                   last_present_before, optional)
 from keras_memwatch.judge.derived import SettledInUse, working_memory
-from keras_memwatch.judge.detector import DriftMonitor, SpikeDetector
+from keras_memwatch.judge.detector import DriftMonitor, SpikeDetector, SpikeSettings
 from keras_memwatch.judge.events import DriftEvent, RiseEvent, SpikeEvent
 from keras_memwatch.units import MIB, format_bytes
 
@@ -49,14 +50,52 @@ _ENDS, _NEUTRAL, _SPIKE = 0, 1, 2
 _TRAIN = PHASE_CODES["train"]
 
 
+@dataclasses.dataclass(eq=False, slots=True)
+class DeviceJudge:
+    """What the monitor keeps of one device.
+
+    Attributes:
+        name: the device, such as `"GPU:0"`.
+        planned: a training step runs on it: its tables carry the plan.
+        peak_from_plan: planned, without a per-step peak of its own: its
+            peak is the memory in use before the step plus the plan's
+            working part.
+        by_mark: neither a per-step peak nor a plan: only a rise of its
+            high-water mark is judged, against the previous mark.
+        peak_at: the table column of its peak's source, or `None`.
+        detectors: one `SpikeDetector` per phase.
+        drift: the drift monitor of its training steps.
+        settled: the memory in use between steps, where the peak comes
+            from the plan, else `None`.
+        judged: samples judged so far, per phase.
+        mark: the last high-water mark seen.
+        before: the memory in use at the last sample.
+        compiling: samples not judged because XLA compiled meanwhile.
+        burst: the spikes of the burst going on.
+    """
+
+    name: str
+    planned: bool
+    peak_from_plan: bool
+    by_mark: bool
+    peak_at: Optional[int]
+    detectors: list[SpikeDetector]
+    drift: DriftMonitor
+    settled: Optional[SettledInUse]
+    judged: list[int]
+    mark: Optional[int] = None
+    before: Optional[int] = None
+    compiling: int = 0
+    burst: list[SpikeEvent] = dataclasses.field(default_factory=list)
+
+
 class SpikeMonitor:
     """One spike detector per device and phase, one drift monitor per
     device (of the training steps).
 
     Args:
         devices: the devices of each sample, in row order.
-        window, threshold, min_delta_mb, warmup: passed to each
-            `SpikeDetector`.
+        settings: the checked options of each `SpikeDetector`.
         alert: log spikes and drift at WARNING.
         planned: the devices a training step runs on, whose tables carry
             its plan (`judge(plans=...)`). Defaults to `()`.
@@ -75,10 +114,7 @@ class SpikeMonitor:
     def __init__(
         self,
         devices: Sequence[str],
-        window: int,
-        threshold: float,
-        min_delta_mb: float,
-        warmup: int,
+        settings: SpikeSettings,
         alert: bool,
         planned: Sequence[str] = (),
         per_step_peak: Optional[Sequence[bool]] = None,
@@ -87,38 +123,39 @@ class SpikeMonitor:
         call: int = 0,
     ):
         self.devices = tuple(devices)
+        self.settings = settings
         self.alert = alert
         self.where = where
         self.call = call
         per_step = per_step_peak or [True] * len(self.devices)
-        self._planned = [d in planned for d in self.devices]
-        self._peak_from_plan = [d in planned and not p
-                                for d, p in zip(self.devices, per_step)]
-        # Without a per-step peak or a plan, only a rise of the high-water
-        # mark is seen: judged against the previous mark.
-        self._peak_at = list(peak_at or [None] * len(self.devices))
-        self._by_mark = [not p and d not in planned and c is not None
-                         for d, p, c in zip(self.devices, per_step, self._peak_at)]
-        self._marks: list[Optional[int]] = [None] * len(self.devices)
-        #: Per device: samples not judged because XLA compiled meanwhile.
-        self.compiling = [0] * len(self.devices)
-        # Per device, samples judged so far in each phase.
-        self._judged = [[0] * len(C.PHASES) for _ in self.devices]
-        self._detectors = [
-            [SpikeDetector(window, threshold, min_delta_mb, warmup)
-             for _ in self.devices]
-            for _ in C.PHASES
-        ]
-        self._settled = [SettledInUse() if p else None for p in self._peak_from_plan]
-        # Drift is judged on the memory held between steps, smoothed so that
-        # an allocator's sawtooth is not mistaken for growth.
-        self._drift = [DriftMonitor(min_delta_mb, smooth=window)
-                       for _ in self.devices]
-        self._before: list[Optional[int]] = [None] * len(self.devices)
-        self._burst: list[list[SpikeEvent]] = [[] for _ in self.devices]
+        columns = peak_at or [None] * len(self.devices)
+        self._judges = [self._judge_of(d, d in planned, p, c, settings)
+                        for d, p, c in zip(self.devices, per_step, columns)]
         self.events: list[SpikeEvent] = []
         self.drift_events: list[tuple[str, int, DriftEvent]] = []
         self.rise_events: list[tuple[str, int, RiseEvent]] = []
+
+    @staticmethod
+    def _judge_of(device: str, planned: bool, per_step_peak: bool,
+                  peak_at: Optional[int], settings: SpikeSettings) -> DeviceJudge:
+        from_plan = planned and not per_step_peak
+        return DeviceJudge(
+            device, planned, from_plan,
+            # Without a per-step peak or a plan, only a rise of the
+            # high-water mark is seen: judged against the previous mark.
+            by_mark=not per_step_peak and not planned and peak_at is not None,
+            peak_at=peak_at,
+            detectors=[SpikeDetector.from_settings(settings) for _ in C.PHASES],
+            # Drift is judged on the memory held between steps, smoothed so
+            # that an allocator's sawtooth is not mistaken for growth.
+            drift=DriftMonitor(settings.min_delta_mb, smooth=settings.window),
+            settled=SettledInUse() if from_plan else None,
+            judged=[0] * len(C.PHASES))
+
+    @property
+    def compiling(self) -> list[int]:
+        """Per device: samples not judged because XLA compiled meanwhile."""
+        return [judge.compiling for judge in self._judges]
 
     def judge(
         self,
@@ -144,9 +181,9 @@ class SpikeMonitor:
                 run on are then recorded, not judged. Defaults to `None`.
         """
         new: list[SpikeEvent] = []
-        for i, table in enumerate(block.tables):
-            may_skip = compiled is not None and not self._planned[i]
-            if (may_skip and self._detectors[_TRAIN][i].warming_up
+        for i, judge in enumerate(self._judges):
+            may_skip = compiled is not None and not judge.planned
+            if (may_skip and judge.detectors[_TRAIN].warming_up
                     and (compiled & judged).any()):
                 # Whether warm-up is over decides a compiled sample's fate:
                 # one sample at a time, so that each sees it as it stands.
@@ -163,65 +200,66 @@ class SpikeMonitor:
     def _judge_device(self, i: int, block: Block, judged: np.ndarray,
                       plans: Optional[tuple[np.ndarray, np.ndarray]],
                       compiled: Optional[np.ndarray], at: slice) -> list[SpikeEvent]:
+        device = self._judges[i]
         table, spikes, judged = block.tables[i][at], block.spikes[i][at], judged[at]
         current = table[:, CURRENT]
         phase = block.phase[at]
-        if self._settled[i] is not None:
-            before = self._settled[i].push_many(current)
+        if device.settled is not None:
+            before = device.settled.push_many(current)
         else:
-            last = self._before[i]
+            last = device.before
             before = before_each(current, MISSING if last is None else last)
-        self._before[i] = optional(current[-1])
+        device.before = optional(current[-1])
         table[:, BASELINE] = MISSING
         spikes[:] = False
         planned = np.zeros(len(table), bool)
-        if plans is not None and self._planned[i]:
+        if plans is not None and device.planned:
             total, working_plan = plans[0][at], plans[1][at]
             planned = total >= 0
             table[planned, PLAN] = total[planned]
-            if self._peak_from_plan[i]:
+            if device.peak_from_plan:
                 from_plan = planned & (before >= 0)
                 table[from_plan, PEAK] = before[from_plan] + working_plan[from_plan]
         marks = np.full(len(table), MISSING, np.int64)
-        if self._peak_at[i] is not None:
-            mark = self._marks[i]
-            sources = table[:, self._peak_at[i]]
+        if device.peak_at is not None:
+            mark = device.mark
+            sources = table[:, device.peak_at]
             marks = last_present_before(sources, MISSING if mark is None else mark)
-            self._marks[i] = last_present(sources, mark)
+            device.mark = last_present(sources, mark)
         train = phase == _TRAIN
-        self._drift[i].update_many(current[judged & train & (current >= 0)])
+        device.drift.update_many(current[judged & train & (current >= 0)])
 
         fate = np.full(len(table), _ENDS, np.int8)
         skipped = np.zeros(len(table), bool)
-        if (compiled is not None and not self._planned[i]
-                and not self._detectors[_TRAIN][i].warming_up):
+        if (compiled is not None and not device.planned
+                and not device.detectors[_TRAIN].warming_up):
             skipped = judged & compiled[at]
-            self.compiling[i] += int(skipped.sum())
+            device.compiling += int(skipped.sum())
         counted = judged & (before >= 0) & ~skipped
         count = np.zeros(len(table), np.int64)  # judged so far in its phase
         for p in np.unique(phase[counted]).tolist():
             mine = phase == p
-            so_far = self._judged[i][p] + np.cumsum(counted & mine)
+            so_far = device.judged[p] + np.cumsum(counted & mine)
             count[mine] = so_far[mine]
-            self._judged[i][p] = int(so_far[-1])
+            device.judged[p] = int(so_far[-1])
         peak = table[:, PEAK]
         working = working_memory(peak, before)
         reach = counted & (peak >= 0)
         usual = np.full(len(table), MISSING, np.int64)
         # Without a per-step peak or a plan, judged against the marks.
-        by_mark = reach & (self._by_mark[i] | (self._peak_from_plan[i] & ~planned))
+        by_mark = reach & (device.by_mark | (device.peak_from_plan & ~planned))
         if by_mark.any():
-            detector = self._detectors[_TRAIN][i]  # its options: all share them
-            known = by_mark & (marks >= 0) & (count > detector.warmup)
+            settings = self.settings
+            known = by_mark & (marks >= 0) & (count > settings.warmup)
             usual[known] = np.maximum(marks[known] - before[known], 0)
-            spikes[known] = ((working[known] > usual[known] * detector.threshold)
+            spikes[known] = ((working[known] > usual[known] * settings.threshold)
                              & (working[known] > usual[known]
-                                + detector.min_delta_mb * MIB))
+                                + settings.min_delta_mb * MIB))
             fate[by_mark & ~known] = _NEUTRAL
         fed = reach & ~by_mark
         for p in np.unique(phase[fed]).tolist():
             where = np.flatnonzero(fed & (phase == p))
-            found, baselines = self._detectors[p][i].update_many(working[where])
+            found, baselines = device.detectors[p].update_many(working[where])
             known = ~np.isnan(baselines)
             usual[where[known]] = baselines[known].astype(np.int64)
             spikes[where[known]] = found[known]
@@ -229,38 +267,38 @@ class SpikeMonitor:
         has_usual = usual >= 0
         table[has_usual, BASELINE] = before[has_usual] + usual[has_usual]
         fate[spikes] = _SPIKE
-        if not spikes.any() and not self._burst[i]:
+        if not spikes.any() and not device.burst:
             return []
-        return self._bursts(i, block, at, fate, usual, working)
+        return self._bursts(device, block, table, at, fate, usual, working)
 
-    def _bursts(self, i: int, block: Block, at: slice, fate: np.ndarray,
-                usual: np.ndarray, working: np.ndarray) -> list[SpikeEvent]:
+    def _bursts(self, device: DeviceJudge, block: Block, table: np.ndarray,
+                at: slice, fate: np.ndarray, usual: np.ndarray,
+                working: np.ndarray) -> list[SpikeEvent]:
         """Turns the spikes into events, and alerts once a burst."""
         new = []
-        table = block.tables[i][at]
         for k in np.flatnonzero(fate != _NEUTRAL).tolist():
             if fate[k] != _SPIKE:
-                self._end_burst(i)
+                self._end_burst(device)
                 continue
             j = k + (at.start or 0)
             event = SpikeEvent(
                 int(block.step[j]), int(block.epoch[j]), optional(block.batch[j]),
-                self.devices[i], int(table[k, PEAK]), int(table[k, BASELINE]),
+                device.name, int(table[k, PEAK]), int(table[k, BASELINE]),
                 int(working[k]), int(usual[k]), C.PHASES[block.phase[j]], self.call)
             new.append(event)
-            if self.alert and not self._burst[i]:
+            if self.alert and not device.burst:
                 logger.warning("%s%s", self.where, event.message)
-            self._burst[i].append(event)
+            device.burst.append(event)
         return new
 
-    def _end_burst(self, i: int) -> None:
-        burst = self._burst[i]
+    def _end_burst(self, device: DeviceJudge) -> None:
+        burst = device.burst
         if self.alert and len(burst) > 1:
             worst = max(burst, key=lambda e: e.peak_bytes)
             logger.warning(
                 "%smemory spike burst on %s: %d consecutive spiking samples, "
                 "steps %d-%d, worst peak %s at epoch %d batch %s", self.where,
-                self.devices[i], len(burst), burst[0].step, burst[-1].step,
+                device.name, len(burst), burst[0].step, burst[-1].step,
                 format_bytes(worst.peak_bytes), worst.epoch, worst.batch,
             )
         burst.clear()
@@ -268,16 +306,17 @@ class SpikeMonitor:
     def end_epoch(self, epoch: int) -> None:
         """Closes bursts and checks each device for drift (and one-off rises)
         over the epoch."""
-        for i, device in enumerate(self.devices):
-            self._end_burst(i)
-            drift = self._drift[i]
+        for device in self._judges:
+            self._end_burst(device)
+            drift = device.drift
             seen = len(drift.rises)
             event = drift.end_epoch()
-            self.rise_events.extend((device, epoch, r) for r in drift.rises[seen:])
+            self.rise_events.extend((device.name, epoch, r)
+                                    for r in drift.rises[seen:])
             if event is not None:
-                self.drift_events.append((device, epoch, event))
+                self.drift_events.append((device.name, epoch, event))
                 if self.alert:
                     logger.warning(
                         "%smemory drift on %s in epoch %d: %s (a leak?)",
-                        self.where, device, epoch, event.message,
+                        self.where, device.name, epoch, event.message,
                     )

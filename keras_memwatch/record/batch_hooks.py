@@ -25,6 +25,7 @@ from time import perf_counter
 from typing import Any, Callable, Optional
 
 from keras_memwatch.record.logs_metrics import LogsMetrics
+from keras_memwatch.record.pipeline import Pipeline
 
 #: The callback's methods these hooks stand in for during a call.
 NAMES = ("on_train_batch_begin", "on_train_batch_end",
@@ -32,16 +33,33 @@ NAMES = ("on_train_batch_begin", "on_train_batch_end",
          "on_predict_batch_begin", "on_predict_batch_end")
 
 
-def batch_hooks(watch: Any, read: Callable[[], list],
+class Progress:
+    """Where a watch's call stands: moved by the callback, read by its hooks.
+
+    Attributes:
+        recording: whether a call is being recorded.
+        epoch: the epoch running.
+    """
+
+    __slots__ = ("recording", "epoch")
+
+    def __init__(self) -> None:
+        self.recording = False
+        self.epoch = 0
+
+
+def batch_hooks(pipe: Pipeline, progress: Progress, read: Callable[[], list],
                 figures: Optional[LogsMetrics],
                 plans: Optional[Callable[[Optional[tuple]], None]],
-                every_n: int, steps_per_execution: int,
-                in_order: bool) -> dict[str, Callable]:
+                every_n: int, steps_per_execution: int, in_order: bool,
+                chores: Callable[[], None],
+                fault: Callable[[str, Exception], None]) -> dict[str, Callable]:
     """The call's batch hooks, by the name of the method each stands in for.
 
     Args:
-        watch: the started `MemWatch`: its pipeline and lock, `_recording`,
-            `_epoch`, and its `_chores` and `_fault`.
+        pipe: the call's started pipeline; the hooks append to its
+            `pending`, holding its `lock`.
+        progress: whether the call is recording, and its epoch.
         read: reads every probe (`Sampler.read`).
         figures: puts each batch's figures into Keras's logs, or `None`.
         plans: names the training batch whose step runs next (XLA's
@@ -51,11 +69,13 @@ def batch_hooks(watch: Any, read: Callable[[], list],
             (a hook sees only the last).
         in_order: whether Keras runs the batch-end hooks in order on the
             training thread.
+        chores: on the training thread, when `pipe.chores_due()`: drains
+            and calls `on_spike`.
+        fault: reports a fault of a hook once (`fault(where, error)`);
+            training goes on.
     """
-    pipe, lock = watch._pipe, watch._lock
-    pending, expect, wake = pipe.pending, pipe.expect, pipe.wake
-    block, overdue = pipe.block, pipe.overdue_at
-    chores, fault = watch._chores, watch._fault
+    pending, expect, wake, lock = pipe.pending, pipe.expect, pipe.wake, pipe.lock
+    block, chores_due = pipe.block, pipe.chores_due
     take = figures.take if figures is not None else None
     add = figures.add if figures is not None else None
     announce = figures.announce if figures is not None else None
@@ -68,13 +88,13 @@ def batch_hooks(watch: Any, read: Callable[[], list],
 
     def end_hook(phase: str) -> Callable:
         def on_batch_end(batch: int, logs: Optional[dict] = None) -> None:
-            if not watch._recording:
+            if not progress.recording:
                 return
             try:
-                if in_order and (len(pending) >= overdue or pipe.events):
+                if in_order and chores_due():
                     chores()
                 if every or due(batch):
-                    key = (phase, watch._epoch, batch)
+                    key = (phase, progress.epoch, batch)
                     with lock:  # appended in the order read
                         raw = read()
                         ticket = take(key, raw) if take is not None else None
@@ -90,13 +110,13 @@ def batch_hooks(watch: Any, read: Callable[[], list],
 
     def begin_hook(phase: str, name_step: Optional[Callable]) -> Callable:
         def on_batch_begin(batch: int, logs: Optional[dict] = None) -> None:
-            if not watch._recording:
+            if not progress.recording:
                 return
             try:
-                if len(pending) >= overdue or pipe.events:
+                if chores_due():
                     chores()
                 last = batch + spe - 1
-                key = (phase, watch._epoch, last) if every or due(last) else None
+                key = (phase, progress.epoch, last) if every or due(last) else None
                 if key is not None:
                     expect(key)
                     if announce is not None:

@@ -56,7 +56,7 @@ class Pipeline:
         planner: XLA's plans of the steps (JAX), or `None`.
         primary: index of the device whose figures go into Keras's logs.
         lock: the lock the batch hooks hold while they read and append to
-            `pending`.
+            `pending` (kept as `lock`).
         t0: `perf_counter()` at train begin, which sample times count from.
             Defaults to `0.0`.
         interval_s: how often the background thread drains. Defaults to
@@ -74,7 +74,7 @@ class Pipeline:
         self.log, self.planner, self.primary = log, planner, primary
         self.interval_s, self.block = interval_s, block
         self.overdue_at = 2 * block
-        self._lock = lock
+        self.lock = lock
         self._wake = threading.Event()
         self._t0 = t0
         self._last_read = t0  # when the previous sample was read
@@ -122,6 +122,11 @@ class Pipeline:
         """Whether the thread fell behind: the caller should drain."""
         return len(self.pending) >= self.overdue_at
 
+    def chores_due(self) -> bool:
+        """Whether the training thread has work: the pipeline is `overdue`,
+        or spikes wait for `on_spike`."""
+        return self.overdue or bool(self.events)
+
     def _run(self) -> None:
         while not self._stop.is_set():
             self._wake.wait(self.interval_s)
@@ -131,7 +136,7 @@ class Pipeline:
     def drain(self) -> None:
         """Judges, records and streams every sample handed in so far."""
         with self._drain_lock:
-            with self._lock:
+            with self.lock:
                 arrived = self.pending[:]
                 self.pending.clear()
             if not arrived:
@@ -235,7 +240,7 @@ class Pipeline:
         """Reads every probe now, in order with the samples; not recorded."""
         with self._drain_lock:
             self.drain()
-            with self._lock:
+            with self.lock:
                 return self.sampler.rows(self.sampler.read())
 
     def take_events(self) -> list[SpikeEvent]:

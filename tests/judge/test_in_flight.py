@@ -9,6 +9,7 @@ from conftest import GPU_SOURCES, block_of
 from keras_memwatch import columns as C
 from keras_memwatch.judge.derived import (SettledInUse, in_use_before,
                                           spikes_from_frame)
+from keras_memwatch.judge.detector import SpikeSettings
 from keras_memwatch.judge.spikes import SpikeMonitor
 from keras_memwatch.record.block import MISSING, table_columns
 from keras_memwatch.record.recorder import Recorder
@@ -42,7 +43,7 @@ def test_planned_peaks_never_hold_a_step_in_flight():
                 [{C.ALLOCATOR_CURRENT: current[i], C.ALLOCATOR_PEAK: int(high_water[i]),
                   "current_bytes": current[i]}]) for i in range(n + 1)]
     peak_at = table_columns(GPU_SOURCES).index(C.ALLOCATOR_PEAK)
-    monitor = SpikeMonitor(("GPU:0",), 50, 1.5, 64, 5, alert=False,
+    monitor = SpikeMonitor(("GPU:0",), SpikeSettings(50, 1.5, 64, 5), alert=False,
                            planned=("GPU:0",), per_step_peak=[False], peak_at=[peak_at])
     recorder = Recorder()
     recorder.reset({"GPU:0": GPU_SOURCES})

@@ -7,6 +7,7 @@ import pytest
 
 from keras_memwatch import columns as C
 from keras_memwatch.record.block import BASELINE, MISSING, PEAK, PLAN, Block, table_columns
+from keras_memwatch.judge.detector import SpikeSettings
 from keras_memwatch.judge.spikes import SpikeMonitor
 
 MIB = 2**20
@@ -38,7 +39,7 @@ def scenario(n, seed):
 
 
 def monitor():
-    return SpikeMonitor(("GPU:0", "host"), 20, 1.5, 64, 5, alert=False,
+    return SpikeMonitor(("GPU:0", "host"), SpikeSettings(20, 1.5, 64, 5), alert=False,
                         planned=("GPU:0",), per_step_peak=[False, True],
                         peak_at=[table_columns(GPU).index(C.ALLOCATOR_PEAK),
                                  table_columns(HOST).index(C.HOST_PEAK_RSS)])

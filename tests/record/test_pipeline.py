@@ -12,6 +12,7 @@ from keras_memwatch import MemWatch, load_log
 from keras_memwatch.record.pipeline import Pipeline
 from keras_memwatch.record.recorder import Recorder
 from keras_memwatch.record.sampler import Sampler
+from keras_memwatch.judge.detector import SpikeSettings
 from keras_memwatch.judge.spikes import SpikeMonitor
 
 MIB = 2**20
@@ -22,7 +23,7 @@ def started(values, interval_s=0.05, block=128):
     devices = sampler.start()
     recorder = Recorder()
     recorder.reset(sampler.device_columns)
-    monitor = SpikeMonitor(devices, 50, 1.5, 64, 5, alert=False)
+    monitor = SpikeMonitor(devices, SpikeSettings(50, 1.5, 64, 5), alert=False)
     lock = threading.Lock()
     pipe = Pipeline(sampler, monitor, recorder, None, None, 0, lock,
                     interval_s=interval_s, block=block)
