@@ -526,13 +526,14 @@ class MemWatch(keras.callbacks.Callback):
             The matplotlib `Figure`.
 
         Raises:
+            TypeError: for a `path` that is not a path, or an `overwrite`
+                that is not a bool.
             FileExistsError: if `path` exists and `overwrite` is `False`,
                 before anything is drawn.
         """
         from keras_memwatch.explain.plot import plot_memory
 
-        if path is not None:
-            refuse_existing(path, overwrite)
+        refuse_existing(path, overwrite)
         return plot_memory(self.to_dataframe(), self.spikes, path=path, ax=ax)
 
     def summary(self, batch_size: Optional[int] = None) -> str:

@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import os
-from typing import IO, Any, Union
+from typing import IO, Any, Optional, Union
+
+from keras_memwatch import options
 
 PathLike = Union[str, "os.PathLike[str]"]
 
 
-def refuse_existing(path: PathLike, overwrite: bool) -> None:
-    """Raises `FileExistsError` for an existing `path` unless `overwrite`."""
-    if not overwrite and os.path.lexists(path):
+def refuse_existing(path: Optional[PathLike], overwrite: bool) -> None:
+    """Checks `path` (`None`: nothing to write) and `overwrite`.
+
+    Raises:
+        TypeError: for a `path` that is not a path, or an `overwrite` that
+            is not a bool.
+        FileExistsError: for an existing `path` unless `overwrite`.
+    """
+    options.path("path", path, optional=True)
+    options.boolean("overwrite", overwrite)
+    if path is not None and not overwrite and os.path.lexists(path):
         raise FileExistsError(
             f"{os.fspath(path)} exists; pass overwrite=True to replace it")
 
@@ -19,8 +29,12 @@ def open_new(path: PathLike, overwrite: bool, binary: bool = False) -> IO[Any]:
     """`path` opened for writing: created, never replaced unless `overwrite`.
 
     Raises:
+        TypeError: for a `path` that is not a path, or an `overwrite` that
+            is not a bool.
         FileExistsError: when `path` exists and `overwrite` is `False`.
     """
+    options.path("path", path)
+    options.boolean("overwrite", overwrite)
     mode = ("w" if overwrite else "x") + ("b" if binary else "")
     text = {} if binary else {"encoding": "utf-8", "newline": ""}
     try:

@@ -1,16 +1,34 @@
-"""Argument checks that raise before training starts, in Keras's words:
-"Expected `name` to be ... Received: name=value"."""
+"""Argument checks, the one home of every public option's check.
+
+Each check raises before anything runs, in Keras's words: "Expected `name`
+to be ... Received: name=value". A value of the wrong type raises
+`TypeError`, a value of the right type out of range `ValueError`. The
+command line turns the same messages into usage errors.
+"""
 
 from __future__ import annotations
 
 import math
 import numbers
 import os
+from collections.abc import Iterable
 from typing import Any, Callable, Optional
 
 
-def _fail(name: str, expected: str, value: Any, error=ValueError):
-    return error(f"Expected `{name}` to be {expected}. Received: {name}={value!r}")
+def expected(name: str, what: str, value: Any, error: type = ValueError) -> Exception:
+    """The error for an argument `name` that is not `what`.
+
+    Args:
+        name: the argument's name.
+        what: what it should be, such as `"a positive integer"`.
+        value: what was received.
+        error: `TypeError` for a value of the wrong type. Defaults to
+            `ValueError`.
+
+    Returns:
+        The exception, to raise.
+    """
+    return error(f"Expected `{name}` to be {what}. Received: {name}={value!r}")
 
 
 def _is_number(value: Any) -> bool:
@@ -22,63 +40,120 @@ def _is_int(value: Any) -> bool:
 
 
 def positive_int(name: str, value: Any) -> int:
+    """An integer of at least 1."""
     if not _is_int(value):
-        raise _fail(name, "a positive integer", value, TypeError)
+        raise expected(name, "a positive integer", value, TypeError)
     if value < 1:
-        raise _fail(name, "a positive integer", value)
+        raise expected(name, "a positive integer", value)
     return int(value)
 
 
 def non_negative_int(name: str, value: Any) -> int:
+    """An integer of at least 0."""
     if not _is_int(value):
-        raise _fail(name, "a non-negative integer", value, TypeError)
+        raise expected(name, "a non-negative integer", value, TypeError)
     if value < 0:
-        raise _fail(name, "a non-negative integer", value)
+        raise expected(name, "a non-negative integer", value)
     return int(value)
 
 
 def number_above(name: str, value: Any, bound: float) -> float:
-    expected = f"a number greater than {bound:g}"
+    """A finite number greater than `bound`."""
+    what = f"a number greater than {bound:g}"
     if not _is_number(value):
-        raise _fail(name, expected, value, TypeError)
+        raise expected(name, what, value, TypeError)
     if not bound < value < math.inf:  # also refuses NaN
-        raise _fail(name, expected, value)
+        raise expected(name, what, value)
+    return float(value)
+
+
+def positive_number(name: str, value: Any) -> float:
+    """A finite number greater than 0."""
+    if not _is_number(value):
+        raise expected(name, "a positive number", value, TypeError)
+    if not 0 < value < math.inf:  # also refuses NaN
+        raise expected(name, "a positive number", value)
     return float(value)
 
 
 def non_negative(name: str, value: Any) -> float:
+    """A finite number of at least 0."""
     if not _is_number(value):
-        raise _fail(name, "a non-negative number", value, TypeError)
+        raise expected(name, "a non-negative number", value, TypeError)
     if not 0 <= value < math.inf:  # also refuses NaN
-        raise _fail(name, "a non-negative number", value)
+        raise expected(name, "a non-negative number", value)
     return float(value)
 
 
 def fraction(name: str, value: Any) -> float:
     """A number in [0, 1), such as a headroom."""
     if not _is_number(value):
-        raise _fail(name, "a number in [0, 1), such as 0.1", value, TypeError)
+        raise expected(name, "a number in [0, 1), such as 0.1", value, TypeError)
     if not 0 <= value < 1:  # also refuses NaN
-        raise _fail(name, "a number in [0, 1), such as 0.1", value)
+        raise expected(name, "a number in [0, 1), such as 0.1", value)
     return float(value)
 
 
 def boolean(name: str, value: Any) -> bool:
+    """`True` or `False`."""
     if not isinstance(value, bool):
-        raise _fail(name, "True or False", value, TypeError)
+        raise expected(name, "True or False", value, TypeError)
+    return value
+
+
+def optional_boolean(name: str, value: Any) -> Optional[bool]:
+    """`True`, `False` or `None`."""
+    if value is not None and not isinstance(value, bool):
+        raise expected(name, "True, False or None", value, TypeError)
     return value
 
 
 def choice(name: str, value: Any, allowed: tuple) -> Any:
-    if isinstance(value, bool) or value not in allowed:
-        raise _fail(name, f"one of {allowed}", value)
+    """One of `allowed`: a value of another type than theirs is a
+    `TypeError`, one of theirs that is not among them a `ValueError`."""
+    what = f"one of {allowed}"
+    if not any(_same_kind(value, a) for a in allowed):
+        raise expected(name, what, value, TypeError)
+    if value not in allowed:
+        raise expected(name, what, value)
     return value
+
+
+def _same_kind(value: Any, allowed: Any) -> bool:
+    if _is_int(allowed):
+        return _is_int(value)
+    return isinstance(value, type(allowed))
 
 
 def optional_callable(name: str, value: Any) -> Optional[Callable]:
+    """A callable or `None`."""
     if value is not None and not callable(value):
-        raise _fail(name, "a callable or None", value, TypeError)
+        raise expected(name, "a callable or None", value, TypeError)
     return value
+
+
+def path(name: str, value: Any, optional: bool = False) -> Any:
+    """A path (`str` or `os.PathLike`), or `None` where `optional`."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        what = "a path (str or os.PathLike)" + (" or None" if optional else "")
+        raise expected(name, what, value, TypeError)
+    return value
+
+
+def batch_sizes(name: str, value: Any) -> list[int]:
+    """At least two distinct positive integers, such as `[2, 8, 32]`;
+    returns them sorted, without repeats."""
+    what = "a list of at least two distinct positive integers, such as [2, 8, 32]"
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise expected(name, what, value, TypeError)
+    sizes = list(value)
+    if not all(_is_int(s) for s in sizes):
+        raise expected(name, what, value, TypeError)
+    if min(sizes, default=0) < 1 or len(set(sizes)) < 2:
+        raise expected(name, what, value)
+    return sorted({int(s) for s in sizes})
 
 
 def log_path(name: str, value: Any) -> Optional[str]:
@@ -91,26 +166,26 @@ def log_path(name: str, value: Any) -> Optional[str]:
     `mem.rank{N}.csv`, the next free number if that is taken too), so that
     no process fails alone while the others wait for it.
     """
-    if value is None:
+    if path(name, value, optional=True) is None:
         return None
-    if not isinstance(value, (str, os.PathLike)):
-        raise _fail(name, "a path (str or os.PathLike) or None", value, TypeError)
     from keras_memwatch.record.csvlog import RANK_FIELD
     from keras_memwatch.configure.ranks import process_index_and_count
 
-    path = os.path.abspath(os.fspath(value))
-    if not path.lower().endswith(".csv"):
-        raise _fail(name, "a path ending in .csv", value)
+    full = os.path.abspath(os.fspath(value))
+    if not full.lower().endswith(".csv"):
+        raise expected(name, "a path ending in .csv", value)
     process, count = process_index_and_count()
-    folder = os.path.dirname(path.replace(RANK_FIELD, str(process)))
+    folder = os.path.dirname(full.replace(RANK_FIELD, str(process)))
     if not os.path.isdir(folder):
-        raise _fail(name, f"a path in an existing folder ({folder} does not exist)", value)
+        raise expected(name, f"a path in an existing folder ({folder} does not exist)",
+                       value)
     if not os.access(folder, os.W_OK):
-        raise _fail(name, f"a path in a writable folder ({folder} is not writable)", value)
-    if RANK_FIELD not in path and count == 1 and os.path.lexists(path):
+        raise expected(name, f"a path in a writable folder ({folder} is not writable)",
+                       value)
+    if RANK_FIELD not in full and count == 1 and os.path.lexists(full):
         raise FileExistsError(
             f"Expected `{name}` to be a new file: MemWatch never overwrites a "
             f"log. Received: {name}={value!r}, which exists. Delete it or "
             "choose another path."
         )
-    return path
+    return full

@@ -22,34 +22,12 @@ PACKAGE = pathlib.Path(__file__).parent.parent / "keras_memwatch"
 
 # -- bad input -------------------------------------------------------------
 
+# Every option's wrong type and value: tests/test_arguments_everywhere.py.
 BAD_OPTIONS = [
-    ({"every_n_batches": 0}, ValueError, "every_n_batches"),
-    ({"every_n_batches": -3}, ValueError, "every_n_batches"),
-    ({"every_n_batches": 2.5}, TypeError, "every_n_batches"),
-    ({"every_n_batches": True}, TypeError, "every_n_batches"),
-    ({"window": 0}, ValueError, "window"),
-    ({"window": "50"}, TypeError, "window"),
-    ({"threshold": 1.0}, ValueError, "threshold"),
-    ({"threshold": 0.5}, ValueError, "threshold"),
-    ({"threshold": float("nan")}, ValueError, "threshold"),
-    ({"threshold": "1.5"}, TypeError, "threshold"),
-    ({"min_delta_mb": -1}, ValueError, "min_delta_mb"),
-    ({"min_delta_mb": float("inf")}, ValueError, "min_delta_mb"),
-    ({"warmup": -1}, ValueError, "warmup"),
-    ({"warmup": 1.5}, TypeError, "warmup"),
-    ({"on_spike": "print"}, TypeError, "on_spike"),
-    ({"add_to_logs": 1}, TypeError, "add_to_logs"),
-    ({"verbose": 2}, ValueError, "verbose"),
-    ({"max_rows": 0}, ValueError, "max_rows"),
     ({"probes": "gpu-magic"}, ValueError, "probes"),
-    ({"probes": []}, ValueError, "probes"),
     ({"probes": [42]}, TypeError, "probes"),
-    ({"log_path": 7}, TypeError, "log_path"),
     ({"log_path": "/no/such/folder/mem.csv"}, ValueError, "log_path"),
-    ({"log_path": "{tmp}/mem.txt"}, ValueError, "log_path"),
     ({"log_path": "{tmp}/exists.csv"}, FileExistsError, "log_path"),
-    ({"memory_limit_mb": -5}, ValueError, "memory_limit_mb"),
-    ({"allow_growth": "yes"}, TypeError, "allow_growth"),
 ]
 
 

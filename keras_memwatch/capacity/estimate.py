@@ -97,7 +97,8 @@ def estimate_max_batch_size(
     """
     began = time.perf_counter()
     headroom = options.fraction("headroom", headroom)
-    sizes = _check_sizes(trial_sizes)
+    sizes = None if trial_sizes is None else options.batch_sizes("trial_sizes",
+                                                                 trial_sizes)
     options.choice("method", method, METHODS)
     options.boolean("fresh_process", fresh_process)
     say = options.optional_callable("progress", progress) or _log
@@ -138,22 +139,6 @@ def estimate_max_batch_size(
 
 def _log(message: str) -> None:
     logger.info("%s", message)
-
-
-def _check_sizes(trial_sizes: Optional[Sequence[int]]) -> Optional[list[int]]:
-    """The distinct `trial_sizes`, sorted, or `None`."""
-    if trial_sizes is None:
-        return None
-    if isinstance(trial_sizes, (str, bytes)) or not hasattr(trial_sizes, "__iter__"):
-        raise TypeError("Expected `trial_sizes` to be a list of batch sizes, such "
-                        f"as [2, 8, 32]. Received: trial_sizes={trial_sizes!r}")
-    sizes = list(trial_sizes)
-    if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes) \
-            or len(set(sizes)) < 2:
-        raise ValueError(
-            "Expected `trial_sizes` to hold at least two distinct positive "
-            f"integers, such as [2, 8, 32]. Received: trial_sizes={trial_sizes!r}")
-    return sorted(set(sizes))
 
 
 def _strategy(method: str, backend: str, dev: Device, model: Any, data: Batches,

@@ -14,7 +14,9 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Optional
+from typing import Any, Callable, Optional
+
+from keras_memwatch import options
 
 BACKENDS = ("tensorflow", "jax", "torch")
 #: What the demo writes into `--out`.
@@ -60,9 +62,11 @@ def _parser() -> argparse.ArgumentParser:
                     "batch every 15th batch, watched by MemWatch.")
     demo.add_argument("--backend", choices=BACKENDS,
                       help="Keras backend (default: $KERAS_BACKEND, else jax)")
-    demo.add_argument("--epochs", type=positive_int, default=2,
+    demo.add_argument("--epochs", type=checked("epochs", options.positive_int),
+                      default=2,
                       help="epochs to train (default: 2)")
-    demo.add_argument("--steps", type=positive_int, default=45,
+    demo.add_argument("--steps", type=checked("steps", options.positive_int),
+                      default=45,
                       help="batches per epoch (default: 45); batches 14, 29, "
                            "44, ... are oversized")
     demo.add_argument("--out", default="memwatch_demo", metavar="DIR",
@@ -108,15 +112,32 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def positive_int(text: str) -> int:
-    """`--epochs`, `--steps`: an integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def checked(name: str, check: Callable[[str, Any], Any],
+            parse: Callable[[str], Any] = int) -> Callable[[str], Any]:
+    """An argparse `type` for an option of the Python API: the text parsed,
+    then checked as the API checks it, so that a bad value gets the same
+    message (a usage error, exit status 2).
+
+    Args:
+        name: the option's name in the Python API, such as `"headroom"`.
+        check: its check in `keras_memwatch.options`, called as
+            `check(name, value)`.
+        parse: turns the text into a value. Defaults to `int`. Text it
+            cannot parse is checked as received, a string.
+    """
+
+    def parse_and_check(text: str) -> Any:
+        try:
+            value = parse(text)
+        except ValueError:
+            value = text
+        try:
+            return check(name, value)
+        except (TypeError, ValueError) as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    parse_and_check.__name__ = name
+    return parse_and_check
 
 
 def _demo_out_problem(out: str, force: bool) -> Optional[str]:

@@ -8,6 +8,7 @@ answer. Imports no framework until it runs.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -16,46 +17,24 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
+from keras_memwatch import options
 from keras_memwatch.capacity import METHODS, CapacityEstimate, estimate_max_batch_size
+from keras_memwatch.cli import checked
+from keras_memwatch.configure.devices import device_label
 from keras_memwatch.columns import HOST_DEVICE
 from keras_memwatch.units import format_bytes
 
 __all__ = ["add_fit_check_arguments", "fit_check_main", "run_fit_check"]
 
 
-def _sizes_arg(text: str) -> list[int]:
-    try:
-        sizes = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated batch sizes, got {text!r}") from None
-    if len(set(sizes)) < 2 or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(
-            f"expected at least two distinct positive sizes, got {text!r}")
-    return sizes
+def _sizes(text: str) -> list[int]:
+    """`--trial-sizes`: comma-separated integers."""
+    return [int(s) for s in text.split(",") if s.strip()]
 
 
-def fraction(text: str) -> float:
-    """`--headroom`: a number in [0, 1)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(
-            f"expected a fraction in [0, 1) such as 0.1, got {text!r}")
-    return value
-
-
-def device_name(text: str) -> str:
+def _device(name: str, value: str) -> str:
     """`--device`: `GPU:<i>` (or `gpu:<i>`, `cuda:<i>`) or `host`."""
-    from keras_memwatch.configure.devices import device_label
-
-    try:
-        return device_label(text, "device")
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected GPU:<i> (such as GPU:0) or host, got {text!r}") from None
+    return device_label(value, name)
 
 
 def add_fit_check_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -75,14 +54,18 @@ def add_fit_check_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
     parser.add_argument("--backend", choices=("tensorflow", "jax", "torch"),
                         help="Keras backend (default: Keras's own choice: "
                              "$KERAS_BACKEND, else keras.json, else tensorflow)")
-    parser.add_argument("--headroom", type=fraction, default=0.1,
+    parser.add_argument("--headroom", type=checked("headroom", options.fraction, float),
+                        default=0.1,
                         help="fraction of the limit to keep free (default: 0.1)")
-    parser.add_argument("--device", type=device_name,
+    parser.add_argument("--device", type=checked("device", _device, str),
                         help="GPU:<i> or host (default: the first GPU, "
                              "else the host)")
-    parser.add_argument("--trial-sizes", type=_sizes_arg, metavar="B1,B2,B3,...",
+    parser.add_argument("--trial-sizes", metavar="B1,B2,B3,...",
+                        type=checked("trial_sizes", options.batch_sizes, _sizes),
                         help="batch sizes to measure (default: an adaptive ladder)")
-    parser.add_argument("--method", choices=METHODS, default="auto",
+    parser.add_argument("--method", default="auto", metavar="{%s}" % ",".join(METHODS),
+                        type=checked("method", functools.partial(
+                            options.choice, allowed=METHODS), str),
                         help="how a step's memory is measured (default: auto)")
     parser.add_argument("--json", action="store_true",
                         help="print the estimate as JSON instead of text")

@@ -8,11 +8,11 @@ receives a `Request` and checks it against the GPUs it finds (`select`,
 from __future__ import annotations
 
 import dataclasses
-import math
 import numbers
 from collections.abc import Sequence
 from typing import Any, Optional
 
+from keras_memwatch import options
 from keras_memwatch.configure.devices import gpu_index
 from keras_memwatch.units import MIB
 
@@ -44,11 +44,7 @@ def check_arguments(
         ValueError: for a cap that is not positive, or `devices` that
             name no GPU.
     """
-    if allow_growth is not None and not isinstance(allow_growth, bool):
-        raise TypeError(
-            "Expected `allow_growth` to be True, False or None. "
-            f"Received: allow_growth={allow_growth!r}"
-        )
+    options.optional_boolean("allow_growth", allow_growth)
     limit_bytes = None if memory_limit_mb is None else _limit_bytes(memory_limit_mb)
     selection = None if devices is None else _gpu_indices(devices)
     return limit_bytes, selection
@@ -56,41 +52,23 @@ def check_arguments(
 
 def _limit_bytes(memory_limit_mb: Any) -> int:
     """`memory_limit_mb` in bytes, checked."""
-    if isinstance(memory_limit_mb, bool) or not isinstance(
-        memory_limit_mb, numbers.Real
-    ):
-        raise TypeError(
-            "Expected `memory_limit_mb` to be a positive number or None. "
-            f"Received: memory_limit_mb={memory_limit_mb!r}"
-        )
-    if not math.isfinite(memory_limit_mb) or memory_limit_mb <= 0:
-        raise ValueError(
-            "Expected `memory_limit_mb` to be a positive number. "
-            f"Received: memory_limit_mb={memory_limit_mb!r}"
-        )
-    limit_bytes = int(memory_limit_mb * MIB)
+    limit_bytes = int(options.positive_number("memory_limit_mb", memory_limit_mb) * MIB)
     if limit_bytes < 1:
-        raise ValueError(
-            "Expected `memory_limit_mb` to be at least one byte. "
-            f"Received: memory_limit_mb={memory_limit_mb!r}"
-        )
+        raise options.expected("memory_limit_mb", "at least one byte (2**-20 MiB)",
+                               memory_limit_mb)
     return limit_bytes
 
 
 def _gpu_indices(devices: Any) -> tuple[int, ...]:
     """The GPU indices `devices` names, in order, without repeats."""
+    what = "None or a list of GPU indices or names such as 'GPU:0'"
     if isinstance(devices, (str, numbers.Integral)) and not isinstance(devices, bool):
         devices = [devices]
     if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence):
-        raise TypeError(
-            "Expected `devices` to be None or a list of GPU indices or names "
-            f"such as 'GPU:0'. Received: devices={devices!r}"
-        )
+        raise options.expected("devices", what, devices, TypeError)
     if not devices:
-        raise ValueError(
-            "Expected `devices` to select at least one GPU, or None for all. "
-            f"Received: devices={devices!r}"
-        )
+        raise options.expected("devices", "at least one GPU, or None for all",
+                               devices)
     indices: list[int] = []
     for item in devices:
         index = gpu_index(item, "devices")

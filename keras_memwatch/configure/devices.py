@@ -6,6 +6,7 @@ import numbers
 import re
 from typing import Any
 
+from keras_memwatch import options
 from keras_memwatch.columns import HOST_DEVICE
 
 _GPU_NAME = re.compile(
@@ -22,23 +23,15 @@ def gpu_index(item: Any, argument: str) -> int:
         ValueError: for a negative index or a name that is not a GPU's.
     """
     if isinstance(item, bool) or not isinstance(item, (numbers.Integral, str)):
-        raise TypeError(
-            f"Expected `{argument}` to hold GPU indices or names such as "
-            f"'GPU:0'. Received: {argument}={item!r}"
-        )
+        raise options.expected(argument, "GPU indices or names such as 'GPU:0'",
+                               item, TypeError)
     if isinstance(item, numbers.Integral):
         if item < 0:
-            raise ValueError(
-                f"Expected `{argument}` to hold non-negative GPU indices. "
-                f"Received: {argument}={item!r}"
-            )
+            raise options.expected(argument, "non-negative GPU indices", item)
         return int(item)
     match = _GPU_NAME.match(item)
     if match is None:
-        raise ValueError(
-            f"Expected `{argument}` to hold GPU names such as 'GPU:0'. "
-            f"Received: {argument}={item!r}"
-        )
+        raise options.expected(argument, "GPU names such as 'GPU:0'", item)
     return int(match.group(1))
 
 
@@ -48,13 +41,15 @@ def device_label(name: Any, argument: str = "device") -> str:
     Accepts what `gpu_index` accepts, and `"host"`, `"cpu"` or `"cpu:0"`.
 
     Raises:
-        ValueError: for anything else.
+        TypeError: for anything but a string or an integer.
+        ValueError: for a string that names no GPU nor the host.
     """
+    what = "'GPU:<i>' or 'host'"
+    if isinstance(name, bool) or not isinstance(name, (numbers.Integral, str)):
+        raise options.expected(argument, what, name, TypeError)
     if isinstance(name, str) and name.strip().lower() in _HOST_NAMES:
         return HOST_DEVICE
     try:
         return f"GPU:{gpu_index(name, argument)}"
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"Expected `{argument}` to be 'GPU:<i>' or 'host'. Received: "
-            f"{argument}={name!r}") from None
+    except ValueError:
+        raise options.expected(argument, what, name) from None

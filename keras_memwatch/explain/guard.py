@@ -331,7 +331,7 @@ class OomGuard(contextlib.ContextDecorator):
     def __init__(self, watch: Any, report_dir: Optional[PathLike] = None,
                  last_n: int = 20):
         self.watch = watch
-        self.report_dir = report_dir
+        self.report_dir = options.path("report_dir", report_dir, optional=True)
         self.last_n = options.positive_int("last_n", last_n)
         self.report_paths: tuple[str, ...] = ()
         self.error: Optional[BaseException] = None
@@ -395,7 +395,9 @@ def oom_guard(watch: Any, report_dir: Optional[PathLike] = None, *,
         An `OomGuard`, a context manager (and decorator).
 
     Raises:
-        ValueError: for a `last_n` that is not a positive integer.
+        TypeError: for a `report_dir` that is not a path, or a `last_n`
+            that is not an integer.
+        ValueError: for a `last_n` below 1.
 
     Example:
 

@@ -18,8 +18,8 @@ from conftest import hidden_framework
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKEND = keras.backend.backend()
-INTERNAL_NAMES = ("_positive", "_fraction_arg", "_sizes_arg", "positive_int",
-                  "fraction", "device_name")
+INTERNAL_NAMES = ("parse_and_check", "_sizes", "_device", "positive_int",
+                  "fraction", "batch_sizes", "choice")
 
 TINY_MODEL = textwrap.dedent("""
     import keras
@@ -71,15 +71,22 @@ def test_version():
 
 @pytest.mark.parametrize("args, words", [
     (["demo", "--epochs", "abc"],
-     ["argument --epochs: expected a positive integer, got 'abc'"]),
+     ["argument --epochs: Expected `epochs` to be a positive integer. "
+      "Received: epochs='abc'"]),
     (["demo", "--steps", "0"],
-     ["argument --steps: expected a positive integer, got '0'"]),
+     ["argument --steps: Expected `steps` to be a positive integer. "
+      "Received: steps=0"]),
     (["fit-check", "--model", "m:build", "--headroom", "abc"],
-     ["argument --headroom: expected a fraction in [0, 1)", "'abc'"]),
+     ["argument --headroom: Expected `headroom` to be a number in [0, 1)",
+      "Received: headroom='abc'"]),
     (["fit-check", "--model", "m:build", "--device", "banana"],
-     ["argument --device: expected GPU:<i> (such as GPU:0) or host, got 'banana'"]),
+     ["argument --device: Expected `device` to be 'GPU:<i>' or 'host'. "
+      "Received: device='banana'"]),
     (["fit-check", "--model", "m:build", "--trial-sizes", "a,b"],
-     ["argument --trial-sizes"]),
+     ["argument --trial-sizes: Expected `trial_sizes`", "trial_sizes='a,b'"]),
+    (["fit-check", "--model", "m:build", "--method", "fast"],
+     ["argument --method: Expected `method` to be one of ('auto', 'xla', "
+      "'steps'). Received: method='fast'"]),
 ])
 def test_bad_arguments_name_the_argument_not_a_function(args, words):
     refused(run(*args, timeout=60), *words)

@@ -6,6 +6,7 @@ import importlib
 from collections.abc import Sequence
 from typing import Union
 
+from keras_memwatch import options
 from keras_memwatch.record.probes.base import Probe, ProbeUnavailable
 
 # name -> "module:Class"; modules are imported only when a probe is built.
@@ -49,16 +50,17 @@ def resolve_probes(spec: ProbeSpec, backend: str) -> list[Probe]:
 
     Raises:
         ValueError: for an unknown name or an empty sequence.
-        TypeError: for anything that is neither a name nor a `Probe`.
+        TypeError: for anything that is neither a name, a sequence nor a
+            `Probe`.
     """
     if isinstance(spec, str):
         names = auto_probe_names(backend) if spec == "auto" else (spec,)
         return [make_probe(n) for n in names]
-    if not isinstance(spec, Sequence) or not spec:
-        raise ValueError(
-            "Expected `probes` to be 'auto', a probe name or a non-empty "
-            f"list of names and Probe instances. Received: probes={spec!r}"
-        )
+    what = "'auto', a probe name or a non-empty list of names and Probe instances"
+    if not isinstance(spec, Sequence):
+        raise options.expected("probes", what, spec, TypeError)
+    if not spec:
+        raise options.expected("probes", what, spec)
     probes = []
     for item in spec:
         if isinstance(item, Probe):
