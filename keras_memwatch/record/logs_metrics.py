@@ -67,11 +67,12 @@ class LogsMetrics:
         self._figures_of: Callable[[Hashable, list], Figures] = _no_figures
         if not sampler.devices:
             return
-        current = sampler.current_columns[primary]
+        device = sampler.slots[primary]
+        current = device.current_columns
         self._current = value_reader(sampler, primary, current)
         self._figures_of = self._planned
-        if sampler.per_step_peak[primary]:
-            peak = (sampler.peak_columns[primary],)
+        if device.peak_per_sample:
+            peak = (device.peak_column,)
             self._peak = value_reader(sampler, primary, peak)
             self._figures_of = self._measured
             places = sampler.places(primary, current), sampler.places(primary, peak)

@@ -13,6 +13,7 @@ in a row; nothing it does escapes `sample()`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from itertools import chain
 from time import perf_counter
@@ -52,6 +53,60 @@ def _switched_off() -> None:
     """The read of a probe switched off: nothing (a missing sample)."""
 
 
+@dataclasses.dataclass(eq=False, slots=True)
+class DeviceSlot:
+    """What the sampler keeps of one device.
+
+    Attributes:
+        name: the device, such as `"GPU:0"` or `"host"`.
+        columns: the source columns its probes fill.
+        layout: the columns of its tables (see `block`).
+        current_columns: the source columns of its current bytes, best
+            first.
+        current_at: the table columns of those it has.
+        peak_column: the source column of its peak, or `None`.
+        peak_per_sample: whether that source resets its peak at every
+            sample (else it is a high-water mark).
+        peak_at: the table column of `peak_column`, or `None`.
+        high_water: the last high-water mark read.
+    """
+
+    name: str
+    columns: tuple[str, ...]
+    layout: tuple[str, ...]
+    current_columns: tuple[str, ...]
+    current_at: list[int]
+    peak_column: Optional[str]
+    peak_per_sample: bool
+    peak_at: Optional[int]
+    high_water: Optional[int] = None
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class _ProbeSlot:
+    """A started probe and what the sampler keeps of it.
+
+    Attributes:
+        probe: the probe.
+        devices: per device it reports, the device's index (-1: read,
+            never recorded).
+        places: per device it reports, the device's index and the table
+            columns of the probe's columns.
+        read: its `read`, or `_switched_off`.
+        interval: the least time between two reads, in seconds.
+        next_read: when it may be read again (`perf_counter()`).
+        failures: its failed reads in a row.
+    """
+
+    probe: Probe
+    devices: list[int]
+    places: list[tuple[int, list[int]]]
+    read: Callable
+    interval: float
+    next_read: float = 0.0
+    failures: int = 0
+
+
 class Sampler:
     """Samples a set of probes as rows, one per device.
 
@@ -68,28 +123,36 @@ class Sampler:
         self.probes = list(probes)
         self.max_failures = max_failures
         self.slow_s = slow_s
-        self.devices: tuple[str, ...] = ()
-        self.device_columns: dict[str, tuple[str, ...]] = {}
-        #: Per device: the columns of its tables.
-        self.layout: list[tuple[str, ...]] = []
-        #: Per device: whether a source resets its peak at every sample.
-        self.per_step_peak: tuple[bool, ...] = ()
-        #: Per device: the source column of its peak, or None.
-        self.peak_columns: tuple[Optional[str], ...] = ()
+        #: One per device that has rows, in row order.
+        self.slots: tuple[DeviceSlot, ...] = ()
         self.notes: dict[str, str] = {}
-        self._active: list[tuple[Probe, list[int]]] = []
-        self._reads: list[tuple[int, Callable, float]] = []  # the hot path's
-        self._failures: list[int] = []  # consecutive, per active probe
-        self._next_read: list[float] = []
+        self._active: list[_ProbeSlot] = []
         self._warned: set[str] = set()
-        self._peak_column: list[Optional[tuple[str, bool]]] = []
-        self._high_water: list[Optional[int]] = []
-        self._places: list[list[tuple[int, list[int]]]] = []
-        self._current_at: list[list[int]] = []
-        #: Per device: the table column of its peak's source, or None.
-        self.peak_at: list[Optional[int]] = []
-        #: Per device: the columns its current bytes come from, best first.
-        self.current_columns: list[tuple[str, ...]] = []
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The devices that have rows, in row order."""
+        return tuple(slot.name for slot in self.slots)
+
+    @property
+    def device_columns(self) -> dict[str, tuple[str, ...]]:
+        """Per device: the source columns its probes fill."""
+        return {slot.name: slot.columns for slot in self.slots}
+
+    @property
+    def layout(self) -> list[tuple[str, ...]]:
+        """Per device: the columns of its tables."""
+        return [slot.layout for slot in self.slots]
+
+    @property
+    def per_step_peak(self) -> tuple[bool, ...]:
+        """Per device: whether a source resets its peak at every sample."""
+        return tuple(slot.peak_per_sample for slot in self.slots)
+
+    @property
+    def peak_at(self) -> list[Optional[int]]:
+        """Per device: the table column of its peak's source, or None."""
+        return [slot.peak_at for slot in self.slots]
 
     def start(self) -> tuple[str, ...]:
         """Starts every probe; returns the devices that will have rows.
@@ -100,8 +163,7 @@ class Sampler:
         devices: list[str] = []
         columns: dict[str, list[str]] = {}
         peak_column: dict[str, tuple[str, bool]] = {}
-        self._active, self._failures, self._warned = [], [], set()
-        self._next_read, self._reads = [], []
+        self._active, self._warned = [], set()
         started = []
         for probe in self.probes:
             try:
@@ -116,46 +178,31 @@ class Sampler:
         # the framework uses, where a framework probe names any.
         used = {d for probe, found in started if not probe.sees_all_gpus
                 for d in found if d != C.HOST_DEVICE}
+        reported = []
         for probe, probe_devices in started:
             self.notes[probe.name] = probe.describe()
-            slots = []
+            indices = []
             for device in probe_devices:
                 if probe.sees_all_gpus and used and device not in used:
-                    slots.append(-1)  # read, never recorded
+                    indices.append(-1)  # read, never recorded
                     continue
                 if device not in columns:
                     devices.append(device)
                     columns[device] = []
                 columns[device].extend(probe.columns)
-                slots.append(devices.index(device))
+                indices.append(devices.index(device))
                 for col in probe.columns:
                     if col in _PEAKS and device not in peak_column:
                         peak_column[device] = (col, probe.peak_per_sample)
-            self._reads.append((len(self._active), probe.read, probe.min_interval_s))
-            self._active.append((probe, slots))
-            self._failures.append(0)
-            self._next_read.append(0.0)
-        self.devices = tuple(devices)
-        self.device_columns = {d: tuple(columns[d]) for d in devices}
-        self.layout = layout = [table_columns(self.device_columns[d]) for d in devices]
-        # Per probe and device slot: the device's index (-1: not recorded)
-        # and the table columns of the probe's columns.
-        self._places = [
-            [(d, [layout[d].index(c) for c in probe.columns] if d >= 0 else [])
-             for d in slots]
-            for probe, slots in self._active]
-        self._peak_column = [peak_column.get(d) for d in devices]
-        self.per_step_peak = tuple(bool(p and p[1]) for p in self._peak_column)
-        self.peak_columns = tuple(p[0] if p else None for p in self._peak_column)
-        self._high_water = [None] * len(devices)
-        self.current_columns = [
-            _HOST_CURRENT if d == C.HOST_DEVICE else _GPU_CURRENT
-            for d in devices
-        ]
-        self._current_at = [[layout[i].index(c) for c in cols if c in layout[i]]
-                            for i, cols in enumerate(self.current_columns)]
-        self.peak_at = [None if p is None else layout[i].index(p[0])
-                         for i, p in enumerate(self._peak_column)]
+            reported.append((probe, indices))
+        self.slots = tuple(_device_slot(d, tuple(columns[d]), peak_column.get(d))
+                           for d in devices)
+        self._active = [
+            _ProbeSlot(probe, indices,
+                       [(d, [self.slots[d].layout.index(c) for c in probe.columns]
+                         if d >= 0 else []) for d in indices],
+                       probe.read, probe.min_interval_s)
+            for probe, indices in reported]
         return self.devices
 
     def sample(self) -> list[Row]:
@@ -173,37 +220,37 @@ class Sampler:
         """
         out: list = []
         append = out.append
-        failures, slow = self._failures, self.slow_s
+        slow = self.slow_s
         began = perf_counter()
-        for i, read, interval in self._reads:
-            if interval:
-                if began < self._next_read[i]:
+        for slot in self._active:
+            if slot.interval:
+                if began < slot.next_read:
                     append(None)
                     continue
-                self._next_read[i] = began + interval
+                slot.next_read = began + slot.interval
             try:
-                readings = read()
+                readings = slot.read()
             except Exception as e:
-                readings = self._failure(i, e)
+                readings = self._failure(slot, e)
                 ended = perf_counter()
             else:
                 ended = perf_counter()
                 if ended - began > slow:
-                    readings = self._failure(i, TimeoutError(
+                    readings = self._failure(slot, TimeoutError(
                         f"one read took {ended - began:.2f} s (limit {slow:g} s)"))
-                elif failures[i]:
-                    failures[i] = 0
+                elif slot.failures:
+                    slot.failures = 0
             append(readings)
             began = ended
         return out
 
-    def _failure(self, i: int, error: Exception) -> _Failure:
-        """Counts a failed read of probe `i`; the `max_failures`-th in a row
+    def _failure(self, slot: _ProbeSlot, error: Exception) -> _Failure:
+        """Counts a failed read of a probe; the `max_failures`-th in a row
         switches it off (it is no longer read)."""
-        self._failures[i] += 1
-        if self._failures[i] >= self.max_failures:
-            self._reads[i] = (i, _switched_off, 0.0)
-        return _Failure(error, self._failures[i])
+        slot.failures += 1
+        if slot.failures >= self.max_failures:
+            slot.read, slot.interval = _switched_off, 0.0
+        return _Failure(error, slot.failures)
 
     def places(self, device_index: int,
                columns: Sequence[str]) -> list[tuple[int, int, int]]:
@@ -211,10 +258,10 @@ class Sampler:
         order: `(probe, device slot, column)` indices."""
         out = []
         for column in columns:
-            for p, (probe, slots) in enumerate(self._active):
-                if column in probe.columns and device_index in slots:
-                    out.append((p, slots.index(device_index),
-                                probe.columns.index(column)))
+            for p, slot in enumerate(self._active):
+                if column in slot.probe.columns and device_index in slot.devices:
+                    out.append((p, slot.devices.index(device_index),
+                                slot.probe.columns.index(column)))
         return out
 
     def rows(self, raw: list) -> list[Row]:
@@ -229,32 +276,33 @@ class Sampler:
         is judged against the previous one).
         """
         n = len(raws)
-        tables = [np.full((n, len(names)), MISSING, np.int64) for names in self.layout]
-        for p, (probe, slots) in enumerate(self._active):
+        tables = [np.full((n, len(slot.layout)), MISSING, np.int64)
+                  for slot in self.slots]
+        for p, slot in enumerate(self._active):
             readings = [raw[p] for raw in raws]
             read = [i for i, r in enumerate(readings)
                     if r is not None and type(r) is not _Failure]
             if len(read) < n:
                 for r in readings:
                     if type(r) is _Failure:
-                        self._failed(probe, r)
+                        self._failed(slot.probe, r)
             if read:
-                self._fill(p, [readings[i] for i in read], read, tables)
-        for i, table in enumerate(tables):
+                self._fill(slot, [readings[i] for i in read], read, tables)
+        for device, table in zip(self.slots, tables):
             current = table[:, CURRENT]
-            for col in self._current_at[i]:
+            for col in device.current_at:
                 np.copyto(current, table[:, col], where=current < 0)
             peak = table[:, PEAK]
-            if self._peak_column[i] is not None:
-                peak[:] = self._peaks(i, table[:, self.peak_at[i]])
+            if device.peak_at is not None:
+                peak[:] = _peaks(device, table[:, device.peak_at])
                 np.copyto(peak, current, where=(peak < current) & (peak >= 0))
         return tables
 
-    def _fill(self, p: int, readings: list, at: list[int],
+    def _fill(self, slot: _ProbeSlot, readings: list, at: list[int],
               tables: list[np.ndarray]) -> None:
-        """Puts probe `p`'s readings (taken at samples `at`) into the tables:
+        """Puts a probe's readings (taken at samples `at`) into the tables:
         in one step where they are all well-formed, else one by one."""
-        probe, places = self._active[p][0], self._places[p]
+        probe, places = slot.probe, slot.places
         try:  # bools are ints to numpy, not byte counts here
             fast = set(map(type, _chain(_chain(readings)))) == {int}
             values = np.array(readings, dtype=np.int64) if fast else None
@@ -264,9 +312,9 @@ class Sampler:
             fast = False
         if fast:
             rows = np.asarray(at)[:, None]
-            for slot, (device, columns) in enumerate(places):
+            for i, (device, columns) in enumerate(places):
                 if device >= 0:
-                    tables[device][rows, columns] = values[:, slot]
+                    tables[device][rows, columns] = values[:, i]
             return
         for i, readings_i in zip(at, readings):
             count = len(readings_i) if isinstance(readings_i, (tuple, list)) else None
@@ -282,20 +330,6 @@ class Sampler:
                     value = self._checked(probe, name, value)
                     if value is not None:
                         row[col] = value
-
-    def _peaks(self, i: int, values: np.ndarray) -> np.ndarray:
-        """The peak since the previous sample, where it can be known.
-
-        A resettable peak is that by definition. A high-water mark (JAX) is
-        only when it rose since the previous sample: then the new mark was
-        reached in between. Otherwise the peak is unknown (missing).
-        """
-        if self._peak_column[i][1]:
-            return values
-        last = self._high_water[i]
-        marks = last_present_before(values, MISSING if last is None else last)
-        self._high_water[i] = last_present(values, last)
-        return np.where((marks >= 0) & (values > marks), values, MISSING)
 
     def _checked(self, probe: Probe, col: str, value: object) -> Optional[int]:
         if value is None:
@@ -344,8 +378,37 @@ class Sampler:
 
     def close(self) -> None:
         """Closes every probe; errors are logged, never raised."""
-        for probe, _ in self._active:
+        for slot in self._active:
             try:
-                probe.close()
+                slot.probe.close()
             except Exception as e:
-                logger.debug("probe %s failed to close: %r", probe.name, e)
+                logger.debug("probe %s failed to close: %r", slot.probe.name, e)
+
+
+def _device_slot(name: str, columns: tuple[str, ...],
+                 peak: Optional[tuple[str, bool]]) -> DeviceSlot:
+    """A device's slot: its columns, and where its current and peak bytes
+    come from (`peak`: the source column and whether it resets per sample)."""
+    layout = table_columns(columns)
+    current = _HOST_CURRENT if name == C.HOST_DEVICE else _GPU_CURRENT
+    return DeviceSlot(
+        name, columns, layout, current,
+        current_at=[layout.index(c) for c in current if c in layout],
+        peak_column=peak[0] if peak else None,
+        peak_per_sample=bool(peak and peak[1]),
+        peak_at=layout.index(peak[0]) if peak else None)
+
+
+def _peaks(device: DeviceSlot, values: np.ndarray) -> np.ndarray:
+    """The peak since the previous sample, where it can be known.
+
+    A resettable peak is that by definition. A high-water mark (JAX) is
+    only when it rose since the previous sample: then the new mark was
+    reached in between. Otherwise the peak is unknown (missing).
+    """
+    if device.peak_per_sample:
+        return values
+    last = device.high_water
+    marks = last_present_before(values, MISSING if last is None else last)
+    device.high_water = last_present(values, last)
+    return np.where((marks >= 0) & (values > marks), values, MISSING)
