@@ -6,9 +6,8 @@ use just before it (`derived.in_use_before`). Each phase (`train`, `test`,
 `predict`) is judged against its own baseline, so that an evaluation or
 prediction step is never measured against a training step's memory. A
 ratio on the raw peak hides real spikes whenever weights, optimizer state
-and the framework's own footprint dwarf a step's working memory (an 820
-MiB TensorFlow process whose oversized batch peaks at 1,195 MiB is only
-1.46x its usual peak, while that step's working memory grew about 6x).
+and the framework's own footprint dwarf a step's working memory (an
+example in `docs/internals.md`, "What is judged").
 `baseline_bytes` is reported in the same terms as `peak_bytes`: the memory
 in use before the step plus the usual working memory.
 

@@ -75,7 +75,8 @@ class HostProbe(Probe):
         if rusage_peak() > _vm_hwm(status) + 4 * 2**20:
             # getrusage keeps the peak of the program this process was
             # exec'ed from (a large parent), which clear_refs cannot reset;
-            # VmHWM is this process's own, at about 10 us a read instead of 1.
+            # VmHWM is this process's own, at the cost of parsing
+            # /proc/self/status at each read.
             peak_now = functools.partial(_vm_hwm, status)
 
         def read_linux() -> Reading:

@@ -1,6 +1,6 @@
 """JAX's per-device allocator statistics, from `device.memory_stats()`.
 
-One call per GPU and per read (about 1 us on an H200) gives `bytes_in_use`,
+One call per GPU and per read gives `bytes_in_use`,
 `peak_bytes_in_use` and `bytes_limit` (the size of the pool the allocator may
 use: 75% of the GPU by default, see `XLA_PYTHON_CLIENT_MEM_FRACTION`). JAX
 offers no way to reset the peak, so `peak_bytes_in_use` is the high-water

@@ -1,9 +1,9 @@
 """NVML (the NVIDIA driver's view): device memory used/total, this process's share.
 
 Per GPU and per read: `nvmlDeviceGetMemoryInfo` (used and total bytes, all
-processes together, including what frameworks have reserved but not used;
-about 8 us on an H200) and, unless turned off, the compute processes on the
-device (`nvmlDeviceGetComputeRunningProcesses`, which pynvml maps to the
+processes together, including what frameworks have reserved but not used)
+and, unless turned off, the compute processes on the device
+(`nvmlDeviceGetComputeRunningProcesses`, which pynvml maps to the
 `_v3` call, falling back to `_v2` on older drivers). `process_bytes` sums
 `usedGpuMemory` over the entries whose pid is this process's. The process
 query is the costlier half (two driver calls and one Python object per
@@ -58,8 +58,9 @@ class NvmlProbe(Probe):
     name = "nvml"
     columns = (columns.NVML_USED, columns.NVML_TOTAL, columns.PROCESS)
     peak_per_sample = False
-    # NVML has no peak to miss, and a read costs about 45 us on an H200
-    # (37 of them the per-process query): once a second is plenty.
+    # NVML has no peak to miss, and a read costs tens of microseconds, most
+    # of them the per-process query (docs/gpu-validation.md): once a second
+    # is plenty.
     min_interval_s = 1.0
     sees_all_gpus = True
 
@@ -274,8 +275,8 @@ def visible_totals() -> NvmlTotals:
 def cuda_total(pynvml: Any, handle: Any) -> int:
     """The total memory CUDA (and so XLA) reports for a device, in bytes.
 
-    NVML's plain total includes memory the driver reserves for itself
-    (615 MiB on an H200); CUDA's total, which XLA multiplies the memory
+    NVML's plain total includes memory the driver reserves for itself;
+    CUDA's total, which XLA multiplies the memory
     fraction by, leaves it out. NVML's v2 query reports both.
     """
     version = getattr(pynvml, "nvmlMemory_v2", None)

@@ -6,9 +6,7 @@ which asks C++ for the full nested statistics dict
 (`torch._C._cuda_memoryStats(i)`: about 13 statistics x 3 pools x 4 counters,
 some 150 Python ints in nested dicts), then flattens it in Python into
 dotted keys, sorts them and builds an `OrderedDict`, only to return one
-value: about 85 us a call on an H200, most of it (we expect; the benchmark
-shows the split) in the Python flatten and sort. The public pair pays it
-twice per read.
+value; the public pair pays that twice per read.
 
 What this probe does instead, per GPU and per read:
 
@@ -29,7 +27,8 @@ build or allocator), the probe falls back to the public
 `torch.cuda.memory_stats_as_nested_dict(i)` (same dict, plus an
 `is_initialized` check) and `torch.cuda.reset_peak_memory_stats(i)`, and
 last to `memory_allocated` / `max_memory_allocated` / `memory_reserved`.
-`benchmarks/probe_costs.py` times all of these.
+`benchmarks/probe_costs.py` times all of these (figures in
+`docs/gpu-validation.md`).
 
 The limit column is the per-process cap that
 `torch.cuda.set_per_process_memory_fraction` sets (fraction x total memory),
