@@ -136,7 +136,6 @@ def checked(name: str, check: Callable[[str, Any], Any],
         except (TypeError, ValueError) as e:
             raise argparse.ArgumentTypeError(str(e)) from None
 
-    parse_and_check.__name__ = name
     return parse_and_check
 
 
