@@ -49,6 +49,7 @@ class Jobs:
         self.directory = directory
         self.above_limit = steps.above_limit
         self.ladder_width = steps.ladder_width
+        self.check_width = steps.check_width
         self.in_use, self.limit = steps.in_use, steps.limit
         self.limit_words = steps.limit_words
         self.words = f"{steps.words}; checks as jobs in new processes"

@@ -18,10 +18,15 @@ does it run?"; this module decides which b to ask about:
    `MAX_CHECKS` sizes were asked. Each round re-reads the whole record
    (`evidence.Evidence`), so what a check shows moves the next one; a gap
    between a size that fitted and one that failed, where the record
-   cannot tell, is halved. Where the strategy has a quicker,
-   rougher way (XLA's plans without autotuning), it brackets the answers
-   with that first, probing upward where XLA recomputes, and the checks
-   start at the answers it found.
+   cannot tell, is cut into as many parts as the strategy asks about at
+   once (`check_width`: compilations side by side, or one real step).
+   Where the strategy has a quicker, rougher way (XLA's plans without
+   autotuning), it brackets the answers with that first, a wide round at
+   a time (`FAN` above the answer, where XLA may recompute), and the
+   checks start at the answers it found.
+
+The time goes in rounds, not sizes, where sizes compile side by side: a
+round of GPT-2-base's step takes as long as one compilation.
 """
 
 from __future__ import annotations
@@ -40,7 +45,10 @@ SLOW_S = 2.0  # on the host, the ladder stops after a size this slow
 MAX_LADDER = 12
 RESOLUTION = 0.02
 MAX_CHECKS = 12
-MAX_AIMED = 24  # quick, aimed plans (JAX on a GPU), before the checks
+MAX_AIMED = 16  # quick, aimed plans (JAX on a GPU): two rounds of eight
+#: Where quick plans have not yet failed above an answer, they also ask
+#: these multiples of it (XLA may recompute activations up there).
+FAN = (1.1, 1.25, 1.5, 2.0)
 
 
 class Strategy(Protocol):
@@ -53,7 +61,7 @@ class Strategy(Protocol):
     limit_words: str
     above_limit: bool
     ladder_width: int
-
+    check_width: int  # sizes a round of checks asks about
 
     def ladder(self, sizes: Sequence[int]) -> list[Observation]: ...
 
@@ -174,7 +182,7 @@ class Search:
             # Quick plans bracket the answers first; the first checks then
             # ask about the aimed answers, and the size above the ceiling.
             self._rounds(targets, self._aimed, self.strategy.aim, MAX_AIMED,
-                         probe_up=True)
+                         self.strategy.ladder_width)
             aimed = self._aimed()
             first = {aimed.batch_size_for(h) for h in targets}
             ceiling = aimed.batch_size_for(targets[-1])
@@ -185,7 +193,7 @@ class Search:
             self.observations += self.strategy.check(sorted(first))
         asked = sum(1 for o in self.observations if not o.ladder and o.how != AIMED)
         left = self._rounds(targets, lambda: self.evidence, self.strategy.check,
-                            MAX_CHECKS - asked)
+                            MAX_CHECKS - asked, self.strategy.check_width)
         if left:
             self.checks_left = (
                 f"the checks stopped after {MAX_CHECKS} sizes with the answer "
@@ -194,34 +202,48 @@ class Search:
 
     def _rounds(self, targets: Sequence[float], view: Callable[[], Evidence],
                 ask: Callable[[list[int]], list[Observation]], budget: int,
-                probe_up: bool = False) -> list[float]:
-        """Asks, a round at a time, what `view`'s answers need, until each is
-        bracketed or `budget` sizes were asked; returns the headrooms left
-        open."""
+                width: int) -> list[float]:
+        """Asks, a round of at most `width` sizes at a time, what `view`'s
+        answers need, until each is bracketed or `budget` sizes were asked;
+        returns the headrooms left open. A round asks first what every
+        answer rests on, then the sizes above them, the ceiling's first
+        (they fan out: `_proposals`)."""
         while True:
-            proposals: list[int] = []
-            for h in targets:
-                for b in self._proposals(view(), h, probe_up):
-                    if b not in proposals:
-                        proposals.append(b)
-            if not proposals or budget <= 0:
-                return [h for h in targets if self._proposals(view(), h, False)]
-            proposals = proposals[:budget]
+            first: list[int] = []
+            then: list[int] = []
+            for h in reversed(targets):  # the ceiling's sizes above first
+                needed, above = self._proposals(view(), h, width,
+                                                fan=h == targets[-1] and width > 1)
+                first = needed + first
+                then += above
+            proposals = list(dict.fromkeys(first + then))[:min(width, budget)]
+            if not proposals:
+                return []
+            if budget <= 0:
+                return [h for h in targets if any(self._proposals(view(), h, 1, False))]
             self.observations += ask(proposals)
             budget -= len(proposals)
 
-    def _proposals(self, evidence: Evidence, headroom: float,
-                   probe_up: bool) -> list[int]:
-        """What to ask next for the answer under `headroom`: the middle of
-        the gap between the largest size seen to fit and the smallest that
-        failed, while that gap is open (every answer rests on where the
-        limit lies in it); else the answer itself,
-        then the size just above it (and,
-        with `probe_up` where XLA recomputes there, sizes 10% and 25% above);
-        none where both are known."""
+    def _proposals(self, evidence: Evidence, headroom: float, width: int,
+                   fan: bool) -> tuple[list[int], list[int]]:
+        """What to ask next for the answer under `headroom`, as `(needed,
+        above)`:
+
+        - while a gap between the largest size seen to fit and the smallest
+          that failed is open (every answer rests on where the limit lies
+          in it), sizes that cut it into `width + 1` equal parts;
+        - else the answer, where nothing at or just below it was asked, and
+          the size just above it;
+        - nothing where both are known.
+
+        With `fan`, while nothing above the answer has failed, the sizes
+        above it also fan out to twice the answer (`FAN`): XLA may
+        recompute there, and a size that does not fit brackets the answer
+        in the same round.
+        """
         b = evidence.batch_size_for(headroom)
         if not b:
-            return []
+            return [], []
         step = max(1, int(RESOLUTION * b))
         checked = [o for o in evidence.observations
                    if not o.ladder and o.how != AIMED]
@@ -230,18 +252,23 @@ class Search:
         failed, fitted = evidence.smallest_failure, evidence.largest_fitting
         if failed is not None and fitted is not None \
                 and failed - fitted > max(1, int(RESOLUTION * fitted)):
-            # the record cannot tell where between them the limit lies
-            return [(fitted + failed) // 2]
-        if not fits or b - max(fits) > step:
-            return [b]
+            return _between(fitted, failed, width), []
         if not self.strategy.above_limit:
-            return []
-        if any(b < o.batch_size <= b + step for o in checked):
-            return []
-        start = evidence.recomputes_from
-        if probe_up and start is not None and b >= start:
-            return [b + step, int(b * 1.1), int(b * 1.25)]
-        return [b + step]
+            above = []
+        elif any(b < o.batch_size <= b + step for o in checked):
+            above = []
+        else:
+            above = ([int(b * f) for f in FAN] if fan and failed is None
+                     else []) + [b + step]
+        if not fits or b - max(fits) > step:
+            return [b], above
+        return [], above
+
+
+def _between(low: int, high: int, parts: int) -> list[int]:
+    """Up to `parts` sizes that cut `low`..`high` into equal parts."""
+    return sorted({low + (high - low) * i // (parts + 1)
+                   for i in range(1, parts + 1)} - {low, high})
 
 
 def _slope(points: Sequence[tuple[int, float]]) -> float:

@@ -61,6 +61,7 @@ class Steps:
         #: cap, where running out of memory is this process's alone.
         self.above_limit = capped
         self.ladder_width = 1
+        self.check_width = 1
         self.words = ("the allocator's peak of real steps" if device.on_gpu
                       else "the host's peak resident memory of real steps")
 

@@ -11,9 +11,10 @@ A step needs its plan less the training state (in memory already) plus the
 batches a `fit` holds on an accelerator ahead of the running step
 (`xla_plan.BATCHES_AHEAD`). Sizes compile side by side on a pool of
 threads (XLA's compiler releases the GIL); tracing runs one at a time. On
-a GPU the ladder compiles without autotuning (`AIM_OPTIONS`: about half
-the time; its plans only draw the line), and every check compiles as
-`fit` compiles, which `fit` then finds in JAX's cache.
+a GPU the ladder and the aims compile without autotuning and with cheaper
+code generation (`AIM_OPTIONS`: about half the time of a compilation as `fit`
+makes it; their plans only aim), and every check compiles as `fit` compiles, which `fit`
+then finds in JAX's cache.
 """
 
 from __future__ import annotations
@@ -32,9 +33,14 @@ from keras_memwatch.explain.oom import is_oom_error
 from keras_memwatch.judge import xla_plan
 from keras_memwatch.units import format_bytes
 
-#: Compiler options of the ladder's compilations on a GPU.
+#: Compiler options of the quick, aimed compilations on a GPU: no
+#: autotuning, and cheaper code generation (the memory plan is made before
+#: code generation, so these leave it as it is; docs/capacity.md).
 AIM_OPTIONS: dict[str, Any] = {"xla_gpu_autotune_level": 0,
-                               "xla_gpu_enable_triton_gemm": False}
+                               "xla_gpu_enable_triton_gemm": False,
+                               "xla_gpu_disable_gpuasm_optimizations": True,
+                               "xla_backend_optimization_level": 0,
+                               "xla_llvm_disable_expensive_passes": True}
 #: Checks compiled side by side: each compilation as `fit` makes it
 #: autotunes kernels on every core.
 CHECKS_AT_ONCE = 3
@@ -65,6 +71,7 @@ class Plans:
         self.aim_options: Optional[dict[str, Any]] = (
             dict(AIM_OPTIONS) if self.accelerator else None)
         self.ladder_width = max(1, min(8, (os.cpu_count() or 1) // 2))
+        self.check_width = CHECKS_AT_ONCE
         self._tracing = threading.Lock()
         xla_plan.jitted_train_step(model)  # the step `fit` runs
         self.in_use = device.in_use()

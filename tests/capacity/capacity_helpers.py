@@ -25,12 +25,14 @@ class FakeStrategy:
 
     def __init__(self, need, limit=10 * GIB, in_use=GIB, how=STEP,
                  above_limit=True, reported=None, ladder_width=1, seconds=0.01,
-                 aimed=None):
+                 aimed=None, check_width=1):
         self.need, self.limit, self.in_use, self.how = need, limit, in_use, how
         self.aimed = aimed  # quick plans, where `aim` is offered: bytes at b
         self.aims = aimed is not None
         self.reported = reported or need
         self.above_limit, self.ladder_width = above_limit, ladder_width
+        self.check_width = check_width
+        self.rounds: list[tuple[str, list[int]]] = []  # each call, as asked
         self.seconds = seconds
         self.words, self.limit_words = "a fake", "a fake limit"
         self.asked: list[tuple[str, int]] = []
@@ -46,13 +48,16 @@ class FakeStrategy:
                            ran=fits, ladder=ladder, seconds=self.seconds)
 
     def ladder(self, sizes):
+        self.rounds.append(("ladder", list(sizes)))
         return [self._observe(b, True) for b in sizes]
 
     def aim(self, sizes):
+        self.rounds.append(("aim", list(sizes)))
         self.asked += [("aim", b) for b in sizes]
         return [Observation(b, int(self.aimed(b)), AIMED) for b in sizes]
 
     def check(self, sizes):
+        self.rounds.append(("check", list(sizes)))
         return [self._observe(b, False) for b in sizes]
 
 

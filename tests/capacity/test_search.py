@@ -154,3 +154,24 @@ def test_a_line_that_promises_too_much_is_bisected_down_to_the_truth():
     assert truth * (1 - S.RESOLUTION) <= ev.batch_size_for(0.0) <= truth
     assert need(ev.batch_size_for(0.1)) <= ROOM
     assert sum(kind == "check" for kind, _ in fake.asked) <= S.MAX_CHECKS
+
+
+def test_sizes_compiled_side_by_side_are_asked_a_wide_round_at_a_time():
+    # GPT-2 on JAX (docs/capacity.md): quick plans 20% above the plans as
+    # fit compiles them, and XLA recomputing above batch 20. A round takes
+    # as long as one compilation, so the rounds are few and full.
+    def need(b):
+        return 1.5 * GIB + 0.2 * GIB * min(b, 20) + 0.03 * GIB * max(b - 20, 0)
+    fake = FakeStrategy(need, how=PLAN, ladder_width=8, check_width=3,
+                        aimed=lambda b: 1.2 * need(b))
+    ev = S.Search(fake, on_gpu=True, host_largest=None).run(0.1, None)
+    truth = largest(need, ROOM)
+    assert truth * (1 - S.RESOLUTION) <= ev.batch_size_for(0.0) <= truth
+    assert ev.batch_size_for(0.1) == largest(need, ROOM - 0.1 * fake.limit)
+    widths = {"ladder": 8, "aim": 8, "check": 3}
+    assert all(len(sizes) <= widths[kind] for kind, sizes in fake.rounds)
+    assert sum(kind == "aim" for kind, _ in fake.rounds) <= 2
+    assert sum(kind == "check" for kind, _ in fake.rounds) <= 4
+    # the first aimed round fans out above the line's ceiling
+    first_aim = next(sizes for kind, sizes in fake.rounds if kind == "aim")
+    assert max(first_aim) >= 2 * min(first_aim)
