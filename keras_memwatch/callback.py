@@ -15,6 +15,7 @@ import pandas as pd
 
 from keras_memwatch import options
 from keras_memwatch.record import batch_hooks
+from keras_memwatch.record.batch_shapes import BatchShapes
 from keras_memwatch.record.csvlog import PathLike, open_log
 from keras_memwatch.judge.derived import main_device, spike_table
 from keras_memwatch.judge.detector import SpikeSettings
@@ -205,6 +206,8 @@ class MemWatch(keras.callbacks.Callback):
         self._phase: Optional[str] = None  # of the call running: "train" for a fit
         self._progress = batch_hooks.Progress()
         self._faults: set[str] = set()
+        self._shapes = BatchShapes()  # the input shapes a fit called the model with
+        self._by_layer: Optional[pd.DataFrame] = None  # the last `by_layer()`
 
     # -- copies ------------------------------------------------------------
 
@@ -270,6 +273,8 @@ class MemWatch(keras.callbacks.Callback):
         self._faults = set()
         if phase == "train":
             self._calls = []
+            self._by_layer = None
+            self._shapes.attach(self.model)
         call = len(self._calls)
         devices = self._sampler.start()
         self.process, self.process_count = process_index_and_count()
@@ -433,6 +438,7 @@ class MemWatch(keras.callbacks.Callback):
 
     def _close(self) -> None:
         batch_hooks.remove(self)
+        self._shapes.detach()
         if self._pipe is not None:
             self._pipe.stop()
             if self._pipe.log is not None:
@@ -510,6 +516,45 @@ class MemWatch(keras.callbacks.Callback):
 
         return memory_breakdown(self.model, self.to_dataframe(), batch_size)
 
+    def by_layer(self, batch_size: Optional[int] = None,
+                 expand_nested: bool = True) -> pd.DataFrame:
+        """Splits the fit's step working memory over the model's layers.
+
+        The table of `keras_memwatch.memory_by_layer`, for the first input
+        shape the fit called the model with, its last row the rest of the
+        working memory of a typical step that the record measured. No
+        training step runs: PyTorch measures one forward pass at that shape,
+        the other backends call the model symbolically. Where the fit saw
+        larger inputs later, `attrs["grew"]` names the layer whose
+        activations grew most. `summary()` shows the table's top layers
+        once it is computed.
+
+        Args:
+            batch_size: the batch size to split. Defaults to `None`: the
+                fit's first batch (needed where TensorFlow traced the step
+                with an unknown batch size).
+            expand_nested: rows for the layers of nested models. Defaults to
+                `True`.
+
+        Raises:
+            ValueError: before a fit, or for a bad `batch_size`.
+            TypeError: for arguments of the wrong type.
+        """
+        from keras_memwatch.explain.layers import memory_by_layer_of_fit
+
+        if batch_size is not None:
+            options.positive_int("batch_size", batch_size)
+        options.boolean("expand_nested", expand_nested)
+        breakdown = self.breakdown()
+        working = breakdown["transient_bytes"]
+        words = (f"the median step on {breakdown['device']}, "
+                 f"{breakdown['transient_source']}" if working is not None
+                 else "")
+        self._by_layer = memory_by_layer_of_fit(
+            self.model, self._shapes.seen if self._fit() else [], working, words,
+            batch_size, expand_nested)
+        return self._by_layer
+
     def plot(self, path: Optional[PathLike] = None, ax: Any = None,
              overwrite: bool = False) -> Any:
         """Draws memory over steps per device (needs matplotlib).
@@ -538,7 +583,8 @@ class MemWatch(keras.callbacks.Callback):
 
     def summary(self, batch_size: Optional[int] = None) -> str:
         """A short report of the record: where the memory went (weights,
-        optimizer state, a step's working memory), peak and typical memory
+        optimizer state, a step's working memory, and where `by_layer()`
+        has run, the layers that hold it), peak and typical memory
         per device, limit and headroom, spikes, for the training steps and
         apart for the test and predict batches; drift, and what each source
         could and could not see.
@@ -551,7 +597,8 @@ class MemWatch(keras.callbacks.Callback):
         drift = fit.monitor.drift_events if fit is not None else []
         rises = fit.monitor.rise_events if fit is not None else []
         return summarize(self.to_dataframe(), self.spikes, drift, self.sources,
-                         breakdown=self.breakdown(batch_size), rises=rises)
+                         breakdown=self.breakdown(batch_size), rises=rises,
+                         by_layer=self._by_layer)
 
     def guard(self, report_dir: Optional[PathLike] = None, last_n: int = 20) -> Any:
         """Guards a `fit` call: on out-of-memory, writes what was happening.

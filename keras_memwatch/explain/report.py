@@ -142,6 +142,7 @@ def summarize(
     sources: Optional[Mapping[str, str]] = None,
     breakdown: Optional[Mapping[str, Any]] = None,
     rises: Optional[Sequence[tuple]] = None,
+    by_layer: Optional[pd.DataFrame] = None,
 ) -> str:
     """Renders a short report of a record: one fit, and the `evaluate` and
     `predict` calls recorded with it.
@@ -170,6 +171,9 @@ def summarize(
             read as unknown without the model).
         rises: `(device, epoch, RiseEvent)` tuples, one-off rises that are
             not leaks. Defaults to `None`: `derived.rises_from_frame(frame)`.
+        by_layer: the by-layer table (`MemWatch.by_layer()`), shown as
+            "Where a step's working memory goes". Defaults to `None`: not
+            shown.
 
     Returns:
         Lines of text for a person.
@@ -186,6 +190,10 @@ def summarize(
     if breakdown is None:
         breakdown = memory_breakdown(None, frame)
     lines.append(format_breakdown(breakdown))
+    if by_layer is not None:
+        from keras_memwatch.explain.layers import format_by_layer
+
+        lines += ["", format_by_layer(by_layer)]
     devices = breakdown.get("devices") or device_memory(frame)
     trained = {d: info for d, info in devices.items() if info.get("steps", 1)}
     if trained:

@@ -1,0 +1,18 @@
+"""Which layer: a step's working memory split over the model's layers.
+
+- `calls`: which layer is running (each layer call, in call order);
+- `shapes`: every layer's outputs at a batch size, from a symbolic call;
+- `torch_saved`: PyTorch, the bytes autograd saves for the backward pass,
+  per layer, measured;
+- `table`: the table and its block of the summary;
+- `by_layer`: `memory_by_layer`, and the table of a recorded fit.
+
+This package imports no framework until a function runs.
+"""
+
+from __future__ import annotations
+
+from keras_memwatch.explain.layers.by_layer import memory_by_layer, memory_by_layer_of_fit
+from keras_memwatch.explain.layers.table import REST, format_by_layer
+
+__all__ = ["REST", "format_by_layer", "memory_by_layer", "memory_by_layer_of_fit"]

@@ -1,0 +1,69 @@
+"""Every layer's outputs at a batch size, from shapes and dtypes alone.
+
+The model is called symbolically (`keras`'s `compute_output_spec`: JAX's
+`eval_shape`, a TensorFlow graph, PyTorch's meta device), so nothing is
+computed and no device memory is taken, however large the batch. A
+layer's activation bytes are then the bytes of its outputs in its compute
+dtype (`float16` under `mixed_float16`): what a layer keeps for the
+backward pass when the next layer saves its input, as torchinfo's
+"forward/backward pass size" counts it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from keras_memwatch.explain.breakdown import dtype_size
+from keras_memwatch.explain.layers.calls import CallTracer, LayerCalls
+
+__all__ = ["batch_spec", "output_bytes", "output_shape", "trace_shapes"]
+
+
+def batch_spec(x: Any, size: int) -> Any:
+    """`x` (arrays, or specs with shapes and dtypes) as `keras.KerasTensor`s
+    of `size` samples."""
+    import keras
+
+    def spec(a: Any) -> Any:
+        dtype = keras.backend.standardize_dtype(a.dtype)
+        return keras.KerasTensor((size,) + tuple(a.shape[1:]), dtype)
+
+    return keras.tree.map_structure(spec, x)
+
+
+def trace_shapes(model: Any, x_spec: Any, expand_nested: bool = True
+                 ) -> list[LayerCalls]:
+    """The model's rows in call order, each with its outputs' specs.
+
+    Args:
+        model: a built Keras model.
+        x_spec: its inputs as `keras.KerasTensor`s (`batch_spec`).
+        expand_nested: rows for the layers of nested models. Defaults to
+            `True`.
+    """
+    from keras.src import backend
+
+    with CallTracer(model, expand_nested, no_remat=True) as tracer:
+        backend.compute_output_spec(lambda x: model(x, training=True), x_spec)
+    return tracer.order
+
+
+def output_bytes(row: LayerCalls) -> int:
+    """Bytes of a row's outputs, summed over its calls (an output of a
+    dimension the trace does not know counts 0)."""
+    return sum(math.prod(shape) * dtype_size(dtype)
+               for outputs in row.outputs for shape, dtype in outputs
+               if None not in shape)
+
+
+def output_shape(row: LayerCalls) -> str:
+    """A row's output shape(s) of its first call, as text: `"(32, 64, 10)"`,
+    several outputs joined by `", "`; the dtype follows where it is not
+    `float32`."""
+    if not row.outputs:
+        return ""
+    parts = []
+    for shape, dtype in row.outputs[0]:
+        parts.append(str(shape) if dtype == "float32" else f"{shape} {dtype}")
+    return ", ".join(parts)
