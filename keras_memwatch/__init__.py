@@ -29,6 +29,7 @@ _PUBLIC = {
     "configure_memory": "keras_memwatch.configure",
     "estimate_max_batch_size": "keras_memwatch.capacity",
     "load_log": "keras_memwatch.record.csvlog",
+    "memory_by_layer": "keras_memwatch.explain.layers",
     "oom_guard": "keras_memwatch.explain.guard",
 }
 
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from keras_memwatch.capacity import CapacityEstimate, estimate_max_batch_size
     from keras_memwatch.cycles import CollectCycles
     from keras_memwatch.explain.guard import oom_guard
+    from keras_memwatch.explain.layers import memory_by_layer
     from keras_memwatch.callback import MemWatch
     from keras_memwatch.configure import configure_memory
     from keras_memwatch.record.csvlog import load_log

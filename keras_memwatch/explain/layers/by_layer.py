@@ -142,21 +142,34 @@ def _torch_step(model: Any, batch: tuple[Any, Any], expand_nested: bool
         gc.collect()
         in_use = device.in_use()
         device.read()  # resets the peaks
+        held: dict[str, Any] = {}
+
+        def at_backward() -> None:
+            held.update(device.read())  # and resets the peak
+
         gc.disable()
         try:
             saved = measure_saved(model, lambda: fit_steps(model, batch, 1),
-                                  expand_nested)
+                                  expand_nested, at_backward)
         finally:
             gc.enable()
-        peak = device.peak()
+        peaks = [p for p in (held.get(device.peak_column), device.peak())
+                 if p is not None]
     finally:
         device.close()
+    peak = max(peaks) if peaks else None
     working = None if peak is None else max(peak - in_use, 0)
+
     words = ("one real step: " + ("the CUDA allocator's" if device.on_gpu else
                                   "the host's resident") +
              " peak less the memory in use before it")
-    return by_layer_table(model, saved.rows, saved.saved, "measured", working,
-                          words, forward=saved.forward)
+    table = by_layer_table(model, saved.rows, saved.saved, "measured", working,
+                           words, forward=saved.forward)
+    current = held.get("current_bytes")
+    table.attrs.update(
+        saved_bytes=sum(saved.saved.values()) + saved.outside,
+        held_at_backward_bytes=None if current is None else current - in_use)
+    return table
 
 
 def _jax_plan(model: Any, batch: tuple[Any, Any], size: int) -> tuple[int, str]:

@@ -51,7 +51,8 @@ def _storage(tensor: Any) -> tuple[int, int]:
 
 
 def measure_saved(model: Any, run: Callable[[], None],
-                  expand_nested: bool = True) -> SavedBytes:
+                  expand_nested: bool = True,
+                  at_backward: Optional[Callable[[], None]] = None) -> SavedBytes:
     """Runs `run()` (a step or a forward pass of `model`) and counts the
     bytes autograd saves, per row.
 
@@ -60,6 +61,9 @@ def measure_saved(model: Any, run: Callable[[], None],
         run: what to run, once.
         expand_nested: rows for the layers of nested models. Defaults to
             `True`.
+        at_backward: called once, as the backward pass first reads a saved
+            tensor (when the forward pass holds all it saved). Defaults to
+            `None`.
     """
     import torch
 
@@ -94,10 +98,14 @@ def measure_saved(model: Any, run: Callable[[], None],
                 saved[id(row.layer)] = saved.get(id(row.layer), 0) + size
         return tensor
 
-    with tracer, torch.autograd.graph.saved_tensors_hooks(pack, _unpack):
+    backward = [at_backward]
+
+    def unpack(tensor: Any) -> Any:
+        if backward[0] is not None:
+            backward[0], call = None, backward[0]
+            call()
+        return tensor
+
+    with tracer, torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         run()
     return SavedBytes(tracer.order, saved, outside[0], forward)
-
-
-def _unpack(tensor: Any) -> Any:
-    return tensor
