@@ -12,7 +12,7 @@ import pytest
 
 from conftest import tiny_data, tiny_model
 from keras_memwatch import (MemWatch, SpikeDetector, configure_memory,
-                            estimate_max_batch_size, oom_guard)
+                            estimate_max_batch_size, memory_by_layer, oom_guard)
 from keras_memwatch.cli import main
 
 T, V = TypeError, ValueError
@@ -34,6 +34,8 @@ ENTRY_POINTS = {
     "configure_memory": lambda kw, tmp, model: configure_memory(**kw),
     "estimate_max_batch_size": lambda kw, tmp, model: estimate_max_batch_size(
         *model, **kw),
+    "memory_by_layer": lambda kw, tmp, model: memory_by_layer(*model, **kw),
+    "MemWatch.by_layer": lambda kw, tmp, model: _watch().by_layer(**kw),
     "oom_guard": lambda kw, tmp, model: oom_guard(_watch(), **kw),
     "MemWatch.guard": lambda kw, tmp, model: _watch().guard(**kw),
     "MemWatch.summary": lambda kw, tmp, model: _watch().summary(**kw),
@@ -50,6 +52,7 @@ MEMORY = ("MemWatch", "configure_memory")
 GUARD = ("oom_guard", "MemWatch.guard")
 FILES = ("MemWatch.to_csv", "MemWatch.to_parquet")
 WRITERS = ("MemWatch.plot", *FILES)
+BY_LAYER = ("memory_by_layer", "MemWatch.by_layer")
 
 #: (option, bad value, error, entry points, what `fit-check` is given)
 CASES = [
@@ -92,8 +95,9 @@ CASES = [
     ("last_n", 0, V, GUARD, None),
     ("last_n", 2.5, T, GUARD, None),
     ("report_dir", 3, T, GUARD, None),
-    ("batch_size", 0, V, ("MemWatch.summary", "MemWatch.breakdown"), None),
-    ("batch_size", "8", T, ("MemWatch.summary", "MemWatch.breakdown"), None),
+    ("batch_size", 0, V, ("MemWatch.summary", "MemWatch.breakdown", *BY_LAYER), None),
+    ("batch_size", "8", T, ("MemWatch.summary", "MemWatch.breakdown", *BY_LAYER), None),
+    ("expand_nested", "yes", T, BY_LAYER, None),
     ("path", 3, T, ("MemWatch.plot",), None),  # None: no file
     ("path", 3, T, FILES, None),
     ("overwrite", "yes", T, WRITERS, None),
@@ -137,9 +141,9 @@ def test_every_option_of_the_entry_points_is_walked():
 
     walked = {option for option, *_ in CASES}
     for function in (MemWatch, SpikeDetector, configure_memory,
-                     estimate_max_batch_size, oom_guard, MemWatch.guard,
-                     MemWatch.summary, MemWatch.breakdown, MemWatch.plot,
-                     MemWatch.to_csv):
+                     estimate_max_batch_size, memory_by_layer, oom_guard,
+                     MemWatch.guard, MemWatch.summary, MemWatch.breakdown,
+                     MemWatch.by_layer, MemWatch.plot, MemWatch.to_csv):
         names = set(inspect.signature(function).parameters)
         # `ax` is a matplotlib object, checked by matplotlib; `model`, `x`,
         # `y` and `watch` are what the call works on.
