@@ -166,3 +166,21 @@ def test_in_flight_says_it_needs_a_gpu_where_jax_gives_no_memory_statistics():
         env={**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"})
     assert proc.returncode != 0
     assert "gives no memory statistics; run it on a GPU" in proc.stderr
+
+
+def test_by_layer_check_splits_the_small_convnet_on_the_cpu():
+    """The GPU check of issue 40, on the CPU: the small convnet's top layers,
+    the layers' sum against the step's working memory, as JSON."""
+    backend = os.environ.get("KERAS_BACKEND")
+    if backend not in ("jax", "torch"):
+        pytest.skip("the check is for JAX and PyTorch")
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.by_layer_check", "--top", "3"],
+        cwd=str(ROOT), capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["backend"] == backend and result["channels"] == 32
+    assert [row["layer"] for row in result["top_layers"]][0] == "conv2"
+    assert 0 < result["layers_sum_bytes"] < result["working_bytes"]
+    assert "Where a step's working memory goes" in proc.stderr
