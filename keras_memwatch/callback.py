@@ -545,13 +545,8 @@ class MemWatch(keras.callbacks.Callback):
         if batch_size is not None:
             options.positive_int("batch_size", batch_size)
         options.boolean("expand_nested", expand_nested)
-        breakdown = self.breakdown()
-        working = breakdown["transient_bytes"]
-        words = (f"the median step on {breakdown['device']}, "
-                 f"{breakdown['transient_source']}" if working is not None
-                 else "")
         self._by_layer = memory_by_layer_of_fit(
-            self.model, self._shapes.seen if self._fit() else [], working, words,
+            self.model, self._shapes.seen if self._fit() else [], self.breakdown(),
             batch_size, expand_nested)
         return self._by_layer
 

@@ -238,6 +238,27 @@ def test_a_nested_model_is_expanded_or_kept_whole():
     assert whole["param_bytes"].sum() == expanded["param_bytes"].sum()
 
 
+class Subclassed(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.head = keras.layers.Dense(4, name="head")  # made first, called last
+        self.stem = keras.layers.Dense(8, activation="relu", name="stem")
+        self.body = keras.Sequential([keras.layers.Dense(8, name="body_dense")],
+                                     name="body")
+
+    def call(self, x):
+        h = self.stem(x)
+        return self.head(self.body(h) + h)
+
+
+def test_a_subclassed_model_gets_its_rows_in_call_order():
+    model = Subclassed()
+    model.compile("sgd", "mse")
+    table = memory_by_layer(model, *dense_data())
+    assert list(layers_of(table)["layer"]) == ["stem", "body/body_dense", "head"]
+    assert layers_of(table)["output_shape"].tolist() == ["(4, 8)", "(4, 8)", "(4, 4)"]
+
+
 @pytest.mark.skipif(BACKEND == "tensorflow", reason="Keras's RematScope does not "
                     "trace in a TensorFlow graph (tf.custom_gradient with keywords)")
 def test_a_rematerialized_layer_is_marked_and_pytorch_sees_it_keep_nothing():

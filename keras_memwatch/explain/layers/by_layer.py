@@ -89,7 +89,12 @@ def memory_by_layer(
         `measured_backward_bytes` (not measured yet: NaN), `remat` (the
         layer rematerializes under keras `RematScope`: it keeps less than
         its outputs, which `"shapes"` does not see) and `source`. `attrs`
-        holds `working_bytes` (the step's, or `None`) and `working_source`.
+        holds `working_bytes` (the step's, or `None`) and `working_source`;
+        on PyTorch also `saved_bytes` (every tensor saved for the backward
+        pass, the loss's too) and `held_at_backward_bytes` (the device's
+        memory in use as the backward pass starts, less that before the
+        step). Work in a model's own `call` outside its layers (an `ops.add`
+        of two layers' outputs) belongs to the rest.
 
     Raises:
         ValueError: for a model that is not compiled, or a bad `batch_size`.
@@ -204,16 +209,15 @@ def _tensorflow_step(model: Any, batch: tuple[Any, Any]
 def memory_by_layer_of_fit(
     model: Any,
     seen: list[tuple[Any, tuple]],
-    working_bytes: Optional[int],
-    working_source: str,
+    breakdown: dict[str, Any],
     batch_size: Optional[int] = None,
     expand_nested: bool = True,
 ) -> pd.DataFrame:
     """The by-layer table of a recorded fit, without a training step.
 
     The rows are those of the first input shape the fit called the model
-    with (`record.batch_shapes`), and the step's working memory the one the
-    record measured. PyTorch measures one forward pass at that shape (on
+    with (`record.batch_shapes`), and the step's working memory the typical
+    one the record measured (`breakdown`, from `memory_breakdown`). PyTorch measures one forward pass at that shape (on
     zeros; its saved tensors); the other backends call the model
     symbolically. Where the fit saw several input shapes, `attrs["grew"]`
     names the layer whose activations grew most from the first shape to
@@ -232,6 +236,10 @@ def memory_by_layer_of_fit(
             "batch. Call `keras_memwatch.memory_by_layer(model, x, y)` with a "
             "sample batch instead")
     x_spec = _sized(seen[0][0], batch_size)
+    working_bytes = breakdown.get("transient_bytes")
+    working_source = ("" if working_bytes is None else
+                      f"the median step on {breakdown['device']}, "
+                      f"{breakdown['transient_source']}")
     from keras_memwatch.capacity.model_state import ModelState
 
     state = ModelState(model)
