@@ -4,6 +4,8 @@
 - `shapes`: every layer's outputs at a batch size, from a symbolic call;
 - `torch_saved`: PyTorch, the bytes autograd saves for the backward pass,
   per layer, measured;
+- `jax_plan`: JAX, the buffers XLA's compiled step keeps for the backward
+  pass, per name scope;
 - `table`: the table and its block of the summary;
 - `by_layer`: `memory_by_layer`, and the table of a recorded fit.
 

@@ -6,9 +6,9 @@ Each backend gives what it can:
   tensors charged to the layer that saved them (`torch_saved`), and the
   step's working memory from the device's peak (the CUDA allocator, or the
   host's resident memory on a CPU).
-- JAX (`"shapes"`): each layer's outputs from a symbolic call; the step's
-  working memory from XLA's compiled plan of `fit`'s step (compiled, never
-  run).
+- JAX (`"plan"`): the buffers XLA's compiled step keeps for the backward
+  pass, charged to layers by their name scopes (`jax_plan`), and the
+  step's working memory from the same plan (compiled, never run).
 - TensorFlow (`"shapes"`): likewise; the step's working memory from one
   real step on a GPU (the allocator's peak); on a CPU it is not measured
   (TensorFlow's CPU allocator keeps no statistics).
@@ -56,10 +56,12 @@ def memory_by_layer(
       (`source="measured"`), and the step's working memory is the device's
       peak during the step less what was in use before it (the CUDA
       allocator; the host's resident memory on a CPU).
-    - JAX: `activation_bytes` are the layer's outputs at the batch size, from
-      shapes and dtypes (`source="shapes"`); the step's working memory is
-      XLA's compiled plan of `fit`'s step beyond the training state.
-    - TensorFlow: `"shapes"` too; the working memory from one real step on
+    - JAX: `activation_bytes` are the buffers XLA's compiled step keeps
+      from the forward pass for the backward pass, charged to the layer
+      whose name scope made them (`source="plan"`); the step's working
+      memory is the same plan beyond the training state.
+    - TensorFlow: the layer's outputs at the batch size, from shapes and
+      dtypes (`source="shapes"`); the working memory from one real step on
       a GPU, not measured on a CPU.
 
     Every variable of the model, its optimizer and its metrics is put back
@@ -126,12 +128,19 @@ def memory_by_layer(
         if backend == "torch":
             return _torch_step(model, data.take(size), expand_nested)
         rows = trace_shapes(model, batch_spec(data.x, size), expand_nested)
+        activations = {id(r.layer): output_bytes(r) for r in rows}
+        source = "shapes"
         if backend == "jax":
-            working, words = _jax_plan(model, data.take(1), size)
+            working, words, kept = _jax_plan(model, data.take(1), size)
+            if kept:
+                from keras_memwatch.explain.layers.jax_plan import kept_by_row
+
+                by_path, _ = kept_by_row(kept, [r.path for r in rows], model.name)
+                activations = {id(r.layer): by_path.get(r.path, 0) for r in rows}
+                source = "plan"
         else:
             working, words = _tensorflow_step(model, data.take(size))
-        return by_layer_table(model, rows, {id(r.layer): output_bytes(r) for r in rows},
-                              "shapes", working, words)
+        return by_layer_table(model, rows, activations, source, working, words)
     finally:
         state.restore()
 
@@ -177,12 +186,22 @@ def _torch_step(model: Any, batch: tuple[Any, Any], expand_nested: bool
     return table
 
 
-def _jax_plan(model: Any, batch: tuple[Any, Any], size: int) -> tuple[int, str]:
+def _jax_plan(model: Any, batch: tuple[Any, Any], size: int
+              ) -> tuple[int, str, dict[Optional[str], int]]:
+    """XLA's plan of `fit`'s step: its working bytes, in words, and the bytes
+    it keeps for the backward pass by name scope (`jax_plan`)."""
+    from keras_memwatch.explain.layers.jax_plan import kept_by_scope
     from keras_memwatch.judge import xla_plan
 
     lowered, state_bytes, _ = xla_plan.lower_step(model, batch, size, batches_ahead=0)
-    return (xla_plan.compiled_working_bytes(lowered, state_bytes, 0),
-            "XLA's compiled plan of fit's step beyond the training state")
+    compiled = lowered.compile()
+    working = max(xla_plan.planned_bytes(compiled) - state_bytes, 0)
+    try:
+        kept = kept_by_scope(compiled.as_text())
+    except Exception:  # an HLO text this parser does not know: shapes instead
+        kept = {}
+    return (working, "XLA's compiled plan of fit's step beyond the training state",
+            kept)
 
 
 def _tensorflow_step(model: Any, batch: tuple[Any, Any]
