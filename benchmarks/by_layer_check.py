@@ -107,16 +107,18 @@ def check(gpu: bool, top: int = 5, batch: Optional[int] = None) -> dict[str, Any
     working = table.attrs["working_bytes"]
     ref, ref_words = reference(model, x, y, n)
     head = layers.sort_values("working_bytes", ascending=False, kind="stable").head(top)
+    columns = ["layer", "class", "output_shape", "activation_bytes", "grad_bytes",
+               "working_bytes", "source"]
     rows = [{k: _plain(v) for k, v in row.items()}
-            for row in head[["layer", "class", "output_shape", "activation_bytes",
-                             "grad_bytes", "working_bytes", "source"]].to_dict("records")]
+            for row in head[columns].to_dict("records")]
     return {
         "backend": keras.backend.backend(), "gpu": gpu, **size,
         "top_layers": rows,
         "layers_sum_bytes": layers_sum,
         "working_bytes": working,
         "working_source": table.attrs["working_source"],
-        "layers_share_of_working": None if not working else round(layers_sum / working, 3),
+        "layers_share_of_working": (None if not working
+                                    else round(layers_sum / working, 3)),
         "saved_bytes": table.attrs.get("saved_bytes"),
         "held_at_backward_bytes": table.attrs.get("held_at_backward_bytes"),
         "reference_bytes": ref, "reference_source": ref_words,

@@ -38,6 +38,8 @@ class BatchShapes:
     def __init__(self) -> None:
         self.seen: list[tuple[Any, tuple]] = []
         self.model: Any = None
+        self._wrapper: Any = None
+        self._before: Any = None  # the model's own instance `call`, if any
 
     def attach(self, model: Any) -> None:
         """Starts noting `model`'s input shapes (a new model forgets the
@@ -48,6 +50,7 @@ class BatchShapes:
         if model is not self.model:
             self.seen = []
         self.model = model
+        self._before = vars(model).get("call")
         original = model.call
         known = {signature for _, signature in self.seen}
         last: list[Any] = [None]
@@ -67,11 +70,17 @@ class BatchShapes:
             return original(*args, **kwargs)
 
         object.__setattr__(model, "call", call)
+        self._wrapper = call
 
     def detach(self) -> None:
         """Gives the model its own `call` back."""
-        if self.model is not None and "call" in vars(self.model):
-            object.__delattr__(self.model, "call")
+        model, wrapper = self.model, self._wrapper
+        if wrapper is not None and vars(model).get("call") is wrapper:
+            if self._before is not None:
+                object.__setattr__(model, "call", self._before)
+            else:
+                object.__delattr__(model, "call")
+        self._wrapper = self._before = None
 
 
 def _specs(inputs: Any) -> Any:

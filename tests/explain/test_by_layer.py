@@ -105,8 +105,9 @@ def test_a_row_per_layer_in_call_order_and_the_rest_last(build, data, batch):
                     for v in model.trainable_weights)
     assert table["grad_bytes"].sum() == trainable
     assert table["optimizer_bytes"].sum() == 2 * trainable  # Adam's two slots
-    assert (layers_of(table)["working_bytes"]
-            == layers_of(table)["activation_bytes"] + layers_of(table)["grad_bytes"]).all()
+    layers = layers_of(table)
+    assert (layers["working_bytes"]
+            == layers["activation_bytes"] + layers["grad_bytes"]).all()
 
 
 def test_the_rows_add_up_to_the_step_where_it_is_measured():
@@ -138,7 +139,7 @@ def test_mixed_precision_counts_activations_in_the_compute_dtype():
         keras.mixed_precision.set_global_policy("float32")
     table = memory_by_layer(model, *images(), batch_size=8).set_index("layer")
     assert table.loc["conv_a", "output_shape"] == "(8, 16, 16, 8) float16"
-    assert table.loc["conv_a", "param_bytes"] == (3 * 3 * 3 * 8 + 8) * 4  # float32 weights
+    assert table.loc["conv_a", "param_bytes"] == (3 * 3 * 3 * 8 + 8) * 4  # float32
     saves = output_bytes((8, 16, 16, 8), 2)
     if BACKEND == "torch":  # and the float16 copies of its input and kernel
         saves += output_bytes((8, 16, 16, 3), 2) + output_bytes((3, 3, 3, 8), 2)
@@ -218,8 +219,8 @@ def test_pytorch_saved_bytes_match_the_host_memory_held_at_the_backward_pass():
 
 
 def shared_and_nested(remat=False):
-    inner = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, name="inner_dense")],
-                             name="inner")
+    inner = keras.Sequential(
+        [keras.Input((8,)), keras.layers.Dense(8, name="inner_dense")], name="inner")
     shared = keras.layers.Dense(8, activation="tanh", name="shared")
     if remat:
         with keras.RematScope(mode="full"):
@@ -279,7 +280,8 @@ def test_a_subclassed_model_gets_its_rows_in_call_order():
 @pytest.mark.skipif(BACKEND == "tensorflow", reason="Keras's RematScope does not "
                     "trace in a TensorFlow graph (tf.custom_gradient with keywords)")
 def test_a_rematerialized_layer_is_marked_and_pytorch_sees_it_keep_nothing():
-    table = memory_by_layer(shared_and_nested(remat=True), *dense_data()).set_index("layer")
+    table = memory_by_layer(shared_and_nested(remat=True), *dense_data())
+    table = table.set_index("layer")
     assert bool(table.loc["last", "remat"]) and not bool(table.loc["shared", "remat"])
     if BACKEND == "torch":
         assert table.loc["last", "activation_bytes"] == 0

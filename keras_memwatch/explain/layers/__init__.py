@@ -14,7 +14,8 @@ This package imports no framework until a function runs.
 
 from __future__ import annotations
 
-from keras_memwatch.explain.layers.by_layer import memory_by_layer, memory_by_layer_of_fit
+from keras_memwatch.explain.layers.by_layer import (memory_by_layer,
+                                                    memory_by_layer_of_fit)
 from keras_memwatch.explain.layers.table import REST, format_by_layer
 
 __all__ = ["REST", "format_by_layer", "memory_by_layer", "memory_by_layer_of_fit"]

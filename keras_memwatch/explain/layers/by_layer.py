@@ -29,7 +29,8 @@ __all__ = ["memory_by_layer", "memory_by_layer_of_fit"]
 
 
 def _compiled(model: Any) -> None:
-    if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", True):
+    if (getattr(model, "optimizer", None) is None
+            or not getattr(model, "compiled", True)):
         raise ValueError(
             "Expected a compiled model (call `model.compile(optimizer=..., "
             f"loss=...)` first). Received: {type(model).__name__} without an "
@@ -140,7 +141,8 @@ def memory_by_layer(
                 source = "plan"
         else:
             working, words = _tensorflow_step(model, data.take(size))
-        return by_layer_table(model, rows, activations, source, working, words)
+        return by_layer_table(model, rows, activations, source, working, words,
+                              rest_source="plan" if backend == "jax" else "measured")
     finally:
         state.restore()
 
@@ -173,7 +175,6 @@ def _torch_step(model: Any, batch: tuple[Any, Any], expand_nested: bool
         device.close()
     peak = max(peaks) if peaks else None
     working = None if peak is None else max(peak - in_use, 0)
-
     words = ("one real step: " + ("the CUDA allocator's" if device.on_gpu else
                                   "the host's resident") +
              " peak less the memory in use before it")
@@ -221,8 +222,8 @@ def _tensorflow_step(model: Any, batch: tuple[Any, Any]
     finally:
         device.close()
     return (None if peak is None else max(peak - in_use, 0),
-            "one real step, traced first: the allocator's peak less the memory "
-            "in use before it")
+            "one real step (tracing included): the allocator's peak less the "
+            "memory in use before it")
 
 
 def memory_by_layer_of_fit(
@@ -236,12 +237,12 @@ def memory_by_layer_of_fit(
 
     The rows are those of the first input shape the fit called the model
     with (`record.batch_shapes`), and the step's working memory the typical
-    one the record measured (`breakdown`, from `memory_breakdown`). PyTorch measures one forward pass at that shape (on
-    zeros; its saved tensors); the other backends call the model
-    symbolically. Where the fit saw several input shapes, `attrs["grew"]`
-    names the layer whose activations grew most from the first shape to
-    the largest: `(layer, bytes at the first, bytes at the largest,
-    first shape, largest shape)`.
+    one the record measured (`breakdown`, from `memory_breakdown`).
+    PyTorch measures one forward pass at that shape (on zeros; its saved
+    tensors); the other backends call the model symbolically. Where the
+    fit saw several input shapes, `attrs["grew"]` names the layer whose
+    activations grew most from the first shape to the largest: `(layer,
+    bytes at the first, bytes at the largest, first shape, largest shape)`.
 
     Raises:
         ValueError: where the fit saw no input shape, or an unknown batch
@@ -259,6 +260,8 @@ def memory_by_layer_of_fit(
     working_source = ("" if working_bytes is None else
                       f"the median step on {breakdown['device']}, "
                       f"{breakdown['transient_source']}")
+    rest_source = ("plan" if breakdown.get("transient_source") == "XLA plan"
+                   else "measured")
     from keras_memwatch.capacity.model_state import ModelState
 
     state = ModelState(model)
@@ -272,12 +275,13 @@ def memory_by_layer_of_fit(
                                   expand_nested)
             table = by_layer_table(model, saved.rows, saved.saved, "measured",
                                    working_bytes, working_source,
-                                   forward=saved.forward)
+                                   forward=saved.forward, rest_source=rest_source)
         else:
             rows = trace_shapes(model, x_spec, expand_nested)
             table = by_layer_table(model, rows,
                                    {id(r.layer): output_bytes(r) for r in rows},
-                                   "shapes", working_bytes, working_source)
+                                   "shapes", working_bytes, working_source,
+                                   rest_source=rest_source)
         table.attrs["grew"] = _grew(model, seen, x_spec, expand_nested)
     finally:
         state.restore()

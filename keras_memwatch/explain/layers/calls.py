@@ -74,12 +74,13 @@ class CallTracer:
         self._stack: list[Optional[LayerCalls]] = []
         self._on_enter, self._on_exit = on_enter, on_exit
         self._no_remat = no_remat
-        self._wrapped: list[tuple[Any, Any]] = []  # (layer, remat mode)
+        # (layer, its own instance `call` before, its remat mode)
+        self._wrapped: list[tuple[Any, Any, Any]] = []
         self._walk: list[tuple[Any, Optional[str]]] = []  # (layer, row path or None)
-        self._expand(model, "", keras.Model, expand_nested, root=True)
+        self._expand(model, "", keras.Model, expand_nested)
 
     def _expand(self, model: Any, prefix: str, model_type: type,
-                expand_nested: bool, root: bool = False) -> None:
+                expand_nested: bool) -> None:
         self._walk.append((model, None))
         for layer in getattr(model, "layers", ()):
             if any(layer is seen for seen, _ in self._walk):
@@ -99,16 +100,18 @@ class CallTracer:
     def __enter__(self) -> "CallTracer":
         for layer, path in self._walk:
             row = None if path is None else LayerCalls(layer, path, remat=_remat(layer))
-            object.__setattr__(layer, "call", self._wrap(layer, layer.call, row))
             mode = getattr(layer, "_remat_mode", None)
-            self._wrapped.append((layer, mode))
+            self._wrapped.append((layer, vars(layer).get("call"), mode))
+            object.__setattr__(layer, "call", self._wrap(layer, layer.call, row))
             if self._no_remat and mode is not None:
                 object.__setattr__(layer, "_remat_mode", None)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for layer, mode in self._wrapped:
-            if "call" in vars(layer):
+        for layer, before, mode in self._wrapped:
+            if before is not None:  # such as MemWatch's, during a fit
+                object.__setattr__(layer, "call", before)
+            elif "call" in vars(layer):
                 object.__delattr__(layer, "call")
             if self._no_remat and mode is not None:
                 object.__setattr__(layer, "_remat_mode", mode)

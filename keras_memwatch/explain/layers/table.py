@@ -59,6 +59,7 @@ def by_layer_table(
     working_bytes: Optional[int] = None,
     working_source: str = "",
     forward: Optional[Mapping[int, int]] = None,
+    rest_source: str = "measured",
 ) -> pd.DataFrame:
     """Builds the table.
 
@@ -71,6 +72,8 @@ def by_layer_table(
         working_bytes: the step's measured working memory, or `None`.
         working_source: where `working_bytes` comes from, in words.
         forward: `id(layer)` -> measured bytes of its forward pass.
+        rest_source: the rest's source: `"measured"`, or `"plan"` where the
+            step's working memory is XLA's plan.
 
     Returns:
         The DataFrame (see `memory_by_layer`), with `attrs` holding
@@ -104,7 +107,7 @@ def by_layer_table(
         "activation_bytes": pd.NA, "param_bytes": 0, "grad_bytes": 0,
         "optimizer_bytes": 0, "working_bytes": rest,
         "measured_forward_bytes": pd.NA, "measured_backward_bytes": pd.NA,
-        "remat": False, "source": "measured" if working_bytes is not None else ""})
+        "remat": False, "source": rest_source if working_bytes is not None else ""})
     table = pd.DataFrame.from_records(records, columns=list(COLUMNS))
     for column in COLUMNS:
         if column.endswith("_bytes"):
