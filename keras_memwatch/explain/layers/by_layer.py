@@ -88,8 +88,7 @@ def memory_by_layer(
         `param_bytes`, `grad_bytes`, `optimizer_bytes`, `working_bytes`
         (activations plus gradients; for the last row the rest),
         `measured_forward_bytes` (bytes a layer's forward pass left
-        allocated, PyTorch on a CUDA device; NaN elsewhere),
-        `measured_backward_bytes` (not measured yet: NaN), `remat` (the
+        allocated, PyTorch on a CUDA device; NaN elsewhere), `remat` (the
         layer rematerializes under keras `RematScope`: it keeps less than
         its outputs, which `"shapes"` does not see) and `source`. `attrs`
         holds `working_bytes` (the step's, or `None`) and `working_source`;
