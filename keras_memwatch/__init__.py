@@ -31,6 +31,7 @@ _PUBLIC = {
     "load_log": "keras_memwatch.record.csvlog",
     "memory_by_layer": "keras_memwatch.explain.layers",
     "oom_guard": "keras_memwatch.explain.guard",
+    "plot_by_layer": "keras_memwatch.explain.plot",
 }
 
 __all__ = sorted(_PUBLIC)
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from keras_memwatch.capacity import CapacityEstimate, estimate_max_batch_size
     from keras_memwatch.cycles import CollectCycles
     from keras_memwatch.explain.guard import oom_guard
+    from keras_memwatch.explain.plot import plot_by_layer
     from keras_memwatch.explain.layers import memory_by_layer
     from keras_memwatch.callback import MemWatch
     from keras_memwatch.configure import configure_memory

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from keras_memwatch import columns as C
+from keras_memwatch import options
 from keras_memwatch.files import open_new
 from keras_memwatch.judge.derived import (in_use_before, limit_of, main_device, peaks_from_plan,
                                     spikes_from_frame)
@@ -409,3 +410,60 @@ def save_figure(fig: Any, path: PathLike, overwrite: bool = False) -> str:
             os.remove(path)
             raise
     return path
+
+
+def plot_by_layer(table: pd.DataFrame, path: Optional[PathLike] = None,
+                  ax: Any = None, top: int = 12) -> Any:
+    """Draws a by-layer table (`memory_by_layer`) as horizontal bars.
+
+    Each of the `top` layers with the most working memory gets a bar of its
+    activations and one of its gradients, stacked; the other layers share
+    one bar, and the rest of the step (the table's last row) has its own.
+
+    Args:
+        table: a table from `memory_by_layer` or `MemWatch.by_layer`.
+        path: where to save the figure. Defaults to `None` (not saved).
+        ax: a matplotlib Axes to draw on. Defaults to `None` (a new figure).
+        top: how many layers get a bar of their own. Defaults to `12`.
+
+    Returns:
+        The matplotlib Figure.
+    """
+    from keras_memwatch.explain.layers import REST
+
+    options.positive_int("top", top)
+    if not isinstance(table, pd.DataFrame) or "working_bytes" not in table:
+        raise TypeError("Expected `table` to be a table from memory_by_layer. "
+                        f"Received: table={type(table).__name__}")
+    plt = _pyplot()
+    layers = table[table["layer"] != REST]
+    shown = layers.sort_values("working_bytes", ascending=False).head(top)
+    others = layers.drop(shown.index)
+    names = list(shown["layer"])
+    activations = list(_mib(shown["activation_bytes"].fillna(0)))
+    gradients = list(_mib(shown["grad_bytes"].fillna(0)))
+    if len(others):
+        names.append(f"{len(others)} other layers")
+        activations.append(float(others["activation_bytes"].fillna(0).sum()) / MIB)
+        gradients.append(float(others["grad_bytes"].fillna(0).sum()) / MIB)
+    rest = table.loc[table["layer"] == REST, "working_bytes"].dropna()
+    rest_mib = [float(rest.iloc[0]) / MIB] if len(rest) else []
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(9, 1.0 + 0.35 * (len(names) + 1)))
+    else:
+        fig = ax.figure
+    y = np.arange(len(names))
+    ax.barh(y, activations, label="activations kept for the backward pass")
+    ax.barh(y, gradients, left=activations, label="gradients")
+    if rest_mib:
+        ax.barh([len(names)], rest_mib, color="0.6", label="rest of the step")
+        names.append("(rest)")
+    ax.set_yticks(np.arange(len(names)), names)
+    ax.invert_yaxis()
+    ax.set_xlabel("MiB")
+    source = ", ".join(sorted(set(layers["source"].astype(str))))
+    ax.set_title(f"Where a step's working memory goes ({source})", fontsize=11)
+    ax.legend(loc="lower right", fontsize=8)
+    if path is not None:
+        fig.savefig(os.fspath(path), dpi=110, bbox_inches="tight")
+    return fig

@@ -272,3 +272,31 @@ def test_a_jax_gpus_planned_peak_and_an_allocators_reserve_are_named():
     (ax,) = plot_memory(frame, spikes).axes
     assert find(ax, P.LABEL_PLANNED_PEAK) is not None
     assert set(find(ax, P.LABEL_RESERVED).get_ydata()) == {564}
+
+
+def test_the_by_layer_split_is_drawn_as_bars_of_the_top_layers_and_the_rest(tmp_path):
+    from keras_memwatch import memory_by_layer, plot_by_layer
+
+    model, (x, y) = tiny_model(), tiny_data()
+    table = memory_by_layer(model, x, y, batch_size=8)
+    layers = table.iloc[:-1]
+    fig = plot_by_layer(table, path=tmp_path / "layers.png", top=1)
+    ax = fig.axes[0]
+    names = [t.get_text() for t in ax.get_yticklabels()]
+    top = layers.sort_values("working_bytes", ascending=False).iloc[0]
+    assert names[0] == top["layer"]
+    assert names[1] == f"{len(layers) - 1} other layers"
+    if pd.notna(table.iloc[-1]["working_bytes"]):  # measured where the backend can
+        assert names[-1] == "(rest)"
+    widths = [p.get_width() for p in ax.containers[0]]
+    assert widths[0] == pytest.approx(float(top["activation_bytes"]) / 2**20)
+    assert (tmp_path / "layers.png").stat().st_size > 0
+
+
+def test_plot_by_layer_names_a_wrong_table_and_top():
+    from keras_memwatch import plot_by_layer
+
+    with pytest.raises(TypeError, match="table"):
+        plot_by_layer({"layer": []})
+    with pytest.raises(ValueError, match="top"):
+        plot_by_layer(pd.DataFrame({"working_bytes": []}), top=0)
