@@ -216,11 +216,12 @@ class Search:
                                                 fan=h == targets[-1] and width > 1)
                 first = needed + first
                 then += above
-            proposals = list(dict.fromkeys(first + then))[:min(width, budget)]
+            proposals = list(dict.fromkeys(first + then))
             if not proposals:
                 return []
             if budget <= 0:
                 return [h for h in targets if any(self._proposals(view(), h, 1, False))]
+            proposals = proposals[:min(width, budget)]
             self.observations += ask(proposals)
             budget -= len(proposals)
 

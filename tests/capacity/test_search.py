@@ -175,3 +175,13 @@ def test_sizes_compiled_side_by_side_are_asked_a_wide_round_at_a_time():
     # the first aimed round fans out above the line's ceiling
     first_aim = next(sizes for kind, sizes in fake.rounds if kind == "aim")
     assert max(first_aim) >= 2 * min(first_aim)
+
+
+def test_checks_that_run_out_say_which_answers_they_left_open(monkeypatch):
+    monkeypatch.setattr(S, "MAX_CHECKS", 2)
+    need, reported = allocator()
+    search = S.Search(FakeStrategy(need, reported=reported), on_gpu=True,
+                      host_largest=None)
+    search.run(0.1, None)
+    assert "stopped after 2 sizes" in search.checks_left
+    assert "not bracketed" in search.checks_left
