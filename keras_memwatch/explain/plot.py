@@ -27,7 +27,7 @@ import pandas as pd
 
 from keras_memwatch import columns as C
 from keras_memwatch import options
-from keras_memwatch.files import open_new
+from keras_memwatch.files import open_new, refuse_existing
 from keras_memwatch.judge.derived import (in_use_before, limit_of, main_device, peaks_from_plan,
                                     spikes_from_frame)
 from keras_memwatch.units import MIB, format_bytes
@@ -413,7 +413,7 @@ def save_figure(fig: Any, path: PathLike, overwrite: bool = False) -> str:
 
 
 def plot_by_layer(table: pd.DataFrame, path: Optional[PathLike] = None,
-                  ax: Any = None, top: int = 12) -> Any:
+                  ax: Any = None, top: int = 12, overwrite: bool = False) -> Any:
     """Draws a by-layer table (`memory_by_layer`) as horizontal bars.
 
     Each of the `top` layers with the most working memory gets a bar of its
@@ -425,13 +425,19 @@ def plot_by_layer(table: pd.DataFrame, path: Optional[PathLike] = None,
         path: where to save the figure. Defaults to `None` (not saved).
         ax: a matplotlib Axes to draw on. Defaults to `None` (a new figure).
         top: how many layers get a bar of their own. Defaults to `12`.
+        overwrite: replace an existing file at `path`. Defaults to `False`.
 
     Returns:
         The matplotlib Figure.
+
+    Raises:
+        FileExistsError: `path` exists and `overwrite` is `False` (before
+            anything is drawn).
     """
     from keras_memwatch.explain.layers import REST
 
     options.positive_int("top", top)
+    refuse_existing(path, overwrite)
     if not isinstance(table, pd.DataFrame) or "working_bytes" not in table:
         raise TypeError("Expected `table` to be a table from memory_by_layer. "
                         f"Received: table={type(table).__name__}")
@@ -465,5 +471,5 @@ def plot_by_layer(table: pd.DataFrame, path: Optional[PathLike] = None,
     ax.set_title(f"Where a step's working memory goes ({source})", fontsize=11)
     ax.legend(loc="lower right", fontsize=8)
     if path is not None:
-        fig.savefig(os.fspath(path), dpi=110, bbox_inches="tight")
+        save_figure(fig, path, overwrite)
     return fig

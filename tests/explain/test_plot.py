@@ -291,6 +291,9 @@ def test_the_by_layer_split_is_drawn_as_bars_of_the_top_layers_and_the_rest(tmp_
     widths = [p.get_width() for p in ax.containers[0]]
     assert widths[0] == pytest.approx(float(top["activation_bytes"]) / 2**20)
     assert (tmp_path / "layers.png").stat().st_size > 0
+    with pytest.raises(FileExistsError, match="overwrite"):
+        plot_by_layer(table, path=tmp_path / "layers.png")
+    plot_by_layer(table, path=tmp_path / "layers.png", overwrite=True)
 
 
 def test_plot_by_layer_names_a_wrong_table_and_top():

@@ -296,11 +296,7 @@ def _sized(x_spec: Any, batch_size: Optional[int]) -> Any:
         raise ValueError(
             "Expected `batch_size` to be given: the fit traced its step with an "
             "unknown batch size (TensorFlow). Received: batch_size=None")
-    if batch_size is None:
-        return x_spec
-    return keras.tree.map_structure(
-        lambda s: keras.KerasTensor((batch_size,) + tuple(s.shape[1:]), s.dtype),
-        x_spec)
+    return x_spec if batch_size is None else batch_spec(x_spec, batch_size)
 
 
 def _grew(model: Any, seen: list[tuple[Any, tuple]], first_spec: Any,
