@@ -4,6 +4,7 @@ sampler, the spike monitor judges, the recorder and the log keep."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import logging
 import threading
@@ -24,6 +25,7 @@ from keras_memwatch.record.probes import resolve_probes
 from keras_memwatch.record.pipeline import Pipeline
 from keras_memwatch.configure.ranks import hostname, process_index_and_count
 from keras_memwatch.record.recorder import Recorder, concat_frames
+from keras_memwatch.explain.layers.growth import SpikeLayers
 from keras_memwatch.explain.report import summarize
 from keras_memwatch.record.sampler import Row, Sampler
 from keras_memwatch.judge.spikes import SpikeMonitor
@@ -207,6 +209,7 @@ class MemWatch(keras.callbacks.Callback):
         self._progress = batch_hooks.Progress()
         self._faults: set[str] = set()
         self._shapes = BatchShapes()  # the input shapes a fit called the model with
+        self._layers: Optional[SpikeLayers] = None  # names a spike's layer
         self._by_layer: Optional[pd.DataFrame] = None  # the last `by_layer()`
 
     # -- copies ------------------------------------------------------------
@@ -274,7 +277,6 @@ class MemWatch(keras.callbacks.Callback):
         if phase == "train":
             self._calls = []
             self._by_layer = None
-            self._shapes.attach(self.model)
         call = len(self._calls)
         devices = self._sampler.start()
         self.process, self.process_count = process_index_and_count()
@@ -284,7 +286,10 @@ class MemWatch(keras.callbacks.Callback):
                        call)
         planned: tuple[str, ...] = ()
         if phase == "train":
-            self._planner, self._plan_note, planned = attach_planner(self.model)
+            self._planner, self._plan_note, planned = attach_planner(
+                self.model, self._shapes.note)
+            self._shapes.attach(self.model, _batches_seen(self.model, self._planner))
+            self._layers = SpikeLayers(self.model, self._shapes, alert=self.verbose > 0)
         monitor = SpikeMonitor(
             devices, self._settings, alert=self.verbose > 0, planned=planned,
             per_step_peak=self._sampler.per_step_peak,
@@ -330,6 +335,7 @@ class MemWatch(keras.callbacks.Callback):
             self._pipe, self._progress, self._sampler.read,
             self._metrics if self.add_to_logs else None,
             planner.expect if planner is not None else None,
+            self._shapes.name if self._shapes.per_batch else None,
             self.every_n_batches, spe,
             # Hooks on the training thread run in batch order: nothing to
             # announce, and the batch-end hook can do the chores.
@@ -420,6 +426,8 @@ class MemWatch(keras.callbacks.Callback):
         """Calls `on_spike` on the training thread, where Keras expects
         `stop_training` to be set (never from an async worker)."""
         events = self._pipe.take_events() if self._pipe is not None else []
+        if self._shapes.per_batch:
+            events = [self._named(event) for event in events]
         if self.on_spike is None:
             return
         for event in events:
@@ -435,6 +443,16 @@ class MemWatch(keras.callbacks.Callback):
                     logger.warning("on_spike returned True at epoch %s batch %s: "
                                    "%s stops", event.epoch, event.batch,
                                    _CALL_NAMES[flag])
+
+    def _named(self, event: SpikeEvent) -> SpikeEvent:
+        """The event with the layer that grew most, where its batch had an
+        unusual input shape."""
+        try:
+            found = self._layers.name(event)
+        except Exception as e:
+            self._fault("naming a spike's layer", e)
+            return event
+        return event if found is None else dataclasses.replace(event, layer=found.layer)
 
     def _close(self) -> None:
         batch_hooks.remove(self)
@@ -663,6 +681,17 @@ class MemWatch(keras.callbacks.Callback):
         frame = self.to_dataframe()
         with open_new(path, overwrite, binary=True) as f:
             frame.to_parquet(f, index=False)
+
+
+def _batches_seen(model: Any, planner: Optional[StepPlanner]) -> str:
+    """How `BatchShapes` sees each training batch's inputs: from XLA's
+    planner (JAX), at each model call (PyTorch's eager steps), or not at all
+    (a compiled step calls the model only while it is traced)."""
+    if planner is not None:
+        return "note"
+    if keras.backend.backend() == "torch" and not getattr(model, "jit_compile", False):
+        return "call"
+    return ""
 
 
 def _asynchronous_steps() -> bool:

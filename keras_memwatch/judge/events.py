@@ -47,6 +47,9 @@ class SpikeEvent:
         phase: `"train"`, `"test"` or `"predict"`.
         call: which call of the watch's record (`fit`, `evaluate`,
             `predict`) it happened in.
+        layer: where the step's input had another shape than most
+            batches', the layer whose activations grew most (from shapes),
+            as `on_spike` receives it; else None.
     """
 
     step: int
@@ -59,6 +62,7 @@ class SpikeEvent:
     usual_working_bytes: int
     phase: str = "train"
     call: int = 0
+    layer: Optional[str] = None
 
     @property
     def ratio(self) -> float:
@@ -67,12 +71,16 @@ class SpikeEvent:
         return ratio(self.working_bytes, self.usual_working_bytes)
 
     @property
+    def where(self) -> str:
+        """"epoch 0 batch 6", or "epoch 0 test batch 3" outside training."""
+        phase = "" if self.phase == "train" else f"{self.phase} "
+        return f"epoch {self.epoch} {phase}batch {self.batch}"
+
+    @property
     def message(self) -> str:
         """The alert line, in human units."""
-        phase = "" if self.phase == "train" else f"{self.phase} "
-        where = f"epoch {self.epoch} {phase}batch {self.batch}"
         return (
-            f"memory spike at {where} on "
+            f"memory spike at {self.where} on "
             f"{self.device}: peak {format_bytes(self.peak_bytes)} vs "
             f"baseline {format_bytes(self.baseline_bytes)} (this step needed "
             f"{format_bytes(self.working_bytes)}, "

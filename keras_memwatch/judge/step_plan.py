@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Hashable, Iterator
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from keras_memwatch.judge import xla_plan
 from keras_memwatch.columns import HOST_DEVICE
@@ -72,8 +72,15 @@ class StepPlanner:
         """Distinct input signatures planned so far."""
         return sum(plan is not None for plan in self._plans.values())
 
-    def attach(self, model: Any) -> Optional[str]:
-        """Wraps the model's train function; returns why it cannot, else None."""
+    def attach(self, model: Any, on_batch: Optional[Callable[[Any], None]] = None
+               ) -> Optional[str]:
+        """Wraps the model's train function; returns why it cannot, else None.
+
+        Args:
+            model: the Keras model.
+            on_batch: called with each batch's inputs (`x`) as Keras draws
+                it, on the training thread.
+        """
         self.detach()
         function = getattr(model, "train_function", None)
         original = getattr(function, _WRAPPED, function)  # a fit that raised
@@ -103,6 +110,12 @@ class StepPlanner:
         # batch's signature is known, the plan read only when it is new.
         def train_function(state: Any, iterator: Iterator) -> Any:
             batches = [next(iterator)] if spe == 1 else _draw(iterator, spe)
+            if on_batch is not None:
+                try:
+                    for data in batches:
+                        on_batch(data[0] if isinstance(data, tuple) else data)
+                except Exception:  # a layer name is lost, never a step
+                    pass
             signatures = [signature(data) for data in batches]
             if None in signatures:
                 return original(state, iter(batches))
@@ -201,8 +214,10 @@ def _total(plan: StepPlan) -> int:
     return plan.total_bytes
 
 
-def attach_planner(model: Any) -> tuple[Optional[StepPlanner], str, tuple[str, ...]]:
-    """On the JAX backend, plans the steps of `model`'s fit.
+def attach_planner(model: Any, on_batch: Optional[Callable[[Any], None]] = None
+                   ) -> tuple[Optional[StepPlanner], str, tuple[str, ...]]:
+    """On the JAX backend, plans the steps of `model`'s fit (and hands each
+    batch's inputs to `on_batch`, where given).
 
     Returns:
         `(planner, note, devices)`: the attached planner (None when there is
@@ -215,7 +230,7 @@ def attach_planner(model: Any) -> tuple[Optional[StepPlanner], str, tuple[str, .
         return None, "", ()
     planner = StepPlanner()
     try:
-        why = planner.attach(model)
+        why = planner.attach(model, on_batch)
     except Exception as e:  # Keras internals moved: no plan, training goes on
         why = f"the train step could not be wrapped ({e!r})"
     if why is not None:

@@ -51,6 +51,7 @@ class Progress:
 def batch_hooks(pipe: Pipeline, progress: Progress, read: Callable[[], list],
                 figures: Optional[LogsMetrics],
                 plans: Optional[Callable[[Optional[tuple]], None]],
+                name_batch: Optional[Callable[[tuple], None]],
                 every_n: int, steps_per_execution: int, in_order: bool,
                 chores: Callable[[], None],
                 fault: Callable[[str, Exception], None]) -> dict[str, Callable]:
@@ -64,6 +65,9 @@ def batch_hooks(pipe: Pipeline, progress: Progress, read: Callable[[], list],
         figures: puts each batch's figures into Keras's logs, or `None`.
         plans: names the training batch whose step runs next (XLA's
             planner), or `None`.
+        name_batch: names every batch whose step runs next, sampled or
+            not, by the key a sample of it would have (`BatchShapes.name`),
+            or `None`.
         every_n: sample every n-th batch.
         steps_per_execution: batches one call of the step function runs
             (a hook sees only the last).
@@ -116,6 +120,8 @@ def batch_hooks(pipe: Pipeline, progress: Progress, read: Callable[[], list],
                 if chores_due():
                     chores()
                 last = batch + spe - 1
+                if name_batch is not None:
+                    name_batch((phase, progress.epoch, last))
                 key = (phase, progress.epoch, last) if every or due(last) else None
                 if key is not None:
                     expect(key)
@@ -128,12 +134,22 @@ def batch_hooks(pipe: Pipeline, progress: Progress, read: Callable[[], list],
 
         return on_batch_begin
 
+    def name_hook(phase: str) -> Callable:
+        def on_batch_begin(batch: int, logs: Optional[dict] = None) -> None:
+            if progress.recording:
+                name_batch((phase, progress.epoch, batch + spe - 1))
+
+        return on_batch_begin
+
     hooks = {}
     for phase in ("train", "test", "predict"):
         hooks[f"on_{phase}_batch_end"] = end_hook(phase)
-        hooks[f"on_{phase}_batch_begin"] = (
-            _nothing if in_order
-            else begin_hook(phase, plans if phase == "train" else None))
+        if not in_order:
+            hooks[f"on_{phase}_batch_begin"] = begin_hook(
+                phase, plans if phase == "train" else None)
+        else:
+            hooks[f"on_{phase}_batch_begin"] = (
+                _nothing if name_batch is None else name_hook(phase))
     return hooks
 
 

@@ -1,29 +1,31 @@
-"""The input shapes a fit called its model with, for `MemWatch.by_layer`.
+"""The input shapes a fit called its model with, and which shape each batch
+had.
 
 For the length of a fit, `BatchShapes` wraps the model's `call` on the
 instance: each distinct input signature (the shapes and dtypes of the
 inputs) is kept, in the order first seen. Under JAX and TensorFlow the
 model is called only while a step is traced, so this costs nothing per
-step; under PyTorch it costs a shape comparison per step. TensorFlow may
-trace with an unknown batch dimension (`None`).
+step; TensorFlow may trace with an unknown batch dimension (`None`).
+
+Where every batch's inputs are seen, it also keeps which signature each
+recent batch had, under the key the batch hooks name it by (`name`), and
+how many batches had each: PyTorch's eager steps call the model at every
+batch (a shape comparison each), and under JAX XLA's step planner hands
+it each batch it draws (`note`). `of(key)` and `usual` answer.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Hashable
 from typing import Any, Optional
+
+from keras_memwatch.call_wrapping import signature, unwrap_call, wrap_call
 
 __all__ = ["BatchShapes"]
 
-
-def _signature(inputs: Any) -> Optional[tuple]:
-    import keras
-
-    leaves = keras.tree.flatten(inputs)
-    if not leaves or not all(hasattr(t, "shape") and hasattr(t, "dtype")
-                             for t in leaves):
-        return None
-    return tuple((tuple(None if d is None else int(d) for d in t.shape),
-                  keras.backend.standardize_dtype(t.dtype)) for t in leaves)
+#: Batches whose signature is kept: enough for spikes judged late.
+RECENT = 4096
 
 
 class BatchShapes:
@@ -33,54 +35,119 @@ class BatchShapes:
         seen: `(structure, signature)` pairs in the order first seen: the
             inputs' structure as `keras.KerasTensor`s, and their
             `((shape, dtype), ...)`.
+        per_batch: whether each batch's signature is known.
+        key: the key of the batch running (set by `name`).
+        quiet: while True, calls of the model are not noted (a symbolic
+            call of MemWatch's own).
     """
 
     def __init__(self) -> None:
         self.seen: list[tuple[Any, tuple]] = []
         self.model: Any = None
-        self._wrapper: Any = None
-        self._before: Any = None  # the model's own instance `call`, if any
+        self.per_batch = False
+        self.key: Hashable = None
+        self.quiet = False
+        self._token: Optional[tuple] = None
+        self._index: dict[tuple, int] = {}  # signature -> its place in `seen`
+        self._reset_batches()
 
-    def attach(self, model: Any) -> None:
+    def _reset_batches(self) -> None:
+        self._counts: list[int] = [0] * len(self.seen)
+        self._recent: dict[Hashable, int] = {}
+        self._last: Any = None  # the first input's shape, of the last batch
+        self._current: Optional[int] = None
+
+    def attach(self, model: Any, per_batch: str = "") -> None:
         """Starts noting `model`'s input shapes (a new model forgets the
-        shapes of the one before)."""
+        shapes of the one before).
+
+        Args:
+            model: the Keras model.
+            per_batch: `"call"` where the model is called at every batch
+                (eager steps), `"note"` where `note` will be called with
+                each batch's inputs, `""` where no batch is seen.
+        """
         self.detach()
         if model is None:
             return
         if model is not self.model:
-            self.seen = []
-        self.model = model
-        self._before = vars(model).get("call")
-        original = model.call
-        known = {signature for _, signature in self.seen}
-        last: list[Any] = [None]
+            self.seen, self._index = [], {}
+        self.model, self.per_batch = model, bool(per_batch)
+        self._reset_batches()
+        every_call = per_batch == "call"
 
-        def call(*args: Any, **kwargs: Any) -> Any:
-            inputs = args[0] if args else kwargs.get("inputs")
-            first = inputs if hasattr(inputs, "shape") else None
-            if first is None or first.shape != last[0]:
-                last[0] = None if first is None else first.shape
+        def make(original: Any) -> Any:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                if self.quiet:
+                    return original(*args, **kwargs)
                 try:
-                    signature = _signature(inputs)
-                    if signature is not None and signature not in known:
-                        known.add(signature)
-                        self.seen.append((_specs(inputs), signature))
+                    inputs = args[0] if args else kwargs.get("inputs")
+                    if every_call:
+                        self.note(inputs)
+                    else:
+                        self._find(inputs)
                 except Exception:  # never into training
                     pass
-            return original(*args, **kwargs)
+                return original(*args, **kwargs)
 
-        object.__setattr__(model, "call", call)
-        self._wrapper = call
+            return call
+
+        self._token = wrap_call(model, make)
 
     def detach(self) -> None:
         """Gives the model its own `call` back."""
-        model, wrapper = self.model, self._wrapper
-        if wrapper is not None and vars(model).get("call") is wrapper:
-            if self._before is not None:
-                object.__setattr__(model, "call", self._before)
-            else:
-                object.__delattr__(model, "call")
-        self._wrapper = self._before = None
+        if self._token is not None:
+            unwrap_call(self._token)
+        self._token, self.per_batch = None, False
+
+    def name(self, key: Hashable) -> None:
+        """Names the batch whose step runs next (on the training thread)."""
+        self.key = key
+
+    def note(self, inputs: Any) -> None:
+        """Notes the inputs of the batch named last."""
+        first = getattr(inputs, "shape", None)
+        if first is None or first != self._last:
+            self._last = first
+            self._current = self._find(inputs)
+        i = self._current
+        if i is None:
+            return
+        self._counts[i] += 1
+        if len(self.seen) > 1:
+            recent, key = self._recent, self.key
+            known = recent.get(key)  # steps of one execution: the largest
+            if known is None or _size(self.seen[i][1]) > _size(self.seen[known][1]):
+                recent[key] = i
+            if len(recent) > RECENT:
+                del recent[next(iter(recent))]
+
+    def of(self, key: Hashable) -> Optional[int]:
+        """The place in `seen` of the signature of the batch `key` (None
+        where it was not seen, or the fit had a single signature)."""
+        return self._recent.get(key)
+
+    @property
+    def usual(self) -> Optional[int]:
+        """The place in `seen` of the signature most batches had."""
+        counts = self._counts
+        return max(range(len(counts)), key=counts.__getitem__) if any(counts) else None
+
+    def _find(self, inputs: Any) -> Optional[int]:
+        """The place of the inputs' signature in `seen`, added where new."""
+        found = signature(inputs)
+        if found is None:
+            return None
+        i = self._index.get(found)
+        if i is None:
+            i = self._index[found] = len(self.seen)
+            self.seen.append((_specs(inputs), found))
+            self._counts.append(0)
+        return i
+
+
+def _size(found: tuple) -> int:
+    return sum(math.prod(d or 0 for d in shape) for shape, _ in found)
 
 
 def _specs(inputs: Any) -> Any:

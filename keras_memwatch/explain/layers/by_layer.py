@@ -22,6 +22,7 @@ from typing import Any, Optional
 import pandas as pd
 
 from keras_memwatch import options
+from keras_memwatch.explain.layers.growth import Growth, growth
 from keras_memwatch.explain.layers.shapes import batch_spec, output_bytes, trace_shapes
 from keras_memwatch.explain.layers.table import by_layer_table
 
@@ -240,8 +241,8 @@ def memory_by_layer_of_fit(
     PyTorch measures one forward pass at that shape (on zeros; its saved
     tensors); the other backends call the model symbolically. Where the
     fit saw several input shapes, `attrs["grew"]` names the layer whose
-    activations grew most from the first shape to the largest: `(layer,
-    bytes at the first, bytes at the largest, first shape, largest shape)`.
+    activations grew most from the first shape to the largest (a
+    `Growth`).
 
     Raises:
         ValueError: where the fit saw no input shape, or an unknown batch
@@ -300,26 +301,18 @@ def _sized(x_spec: Any, batch_size: Optional[int]) -> Any:
 
 
 def _grew(model: Any, seen: list[tuple[Any, tuple]], first_spec: Any,
-          expand_nested: bool) -> Optional[tuple]:
+          expand_nested: bool) -> Optional[Growth]:
     """The layer whose output bytes grew most from the first input shape to
-    the largest the fit saw, from shapes alone; None with one shape."""
+    the largest the fit saw; None with one shape."""
+    largest = max((spec for spec, found in seen), key=lambda s: _elements(s))
+    if len(seen) < 2 or _elements(largest) <= _elements(first_spec):
+        return None
+    return growth(model, first_spec, largest, expand_nested)
+
+
+def _elements(spec: Any) -> int:
     import math
 
     import keras
 
-    def size(spec: Any) -> int:
-        return sum(math.prod(d or 0 for d in s.shape) for s in keras.tree.flatten(spec))
-
-    largest = max((spec for spec, _ in seen), key=size)
-    if len(seen) < 2 or size(largest) <= size(first_spec):
-        return None
-    before = {r.path: output_bytes(r)
-              for r in trace_shapes(model, first_spec, expand_nested)}
-    after = {r.path: output_bytes(r)
-             for r in trace_shapes(model, largest, expand_nested)}
-    name = max(after, key=lambda p: after[p] - before.get(p, 0))
-
-    def shape(spec: Any) -> tuple:
-        return tuple(keras.tree.flatten(spec)[0].shape)
-
-    return (name, before.get(name, 0), after[name], shape(first_spec), shape(largest))
+    return sum(math.prod(d or 0 for d in s.shape) for s in keras.tree.flatten(spec))

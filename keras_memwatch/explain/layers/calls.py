@@ -19,6 +19,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Optional
 
+from keras_memwatch.call_wrapping import signature, unwrap_call, wrap_call
+
 __all__ = ["CallTracer", "LayerCalls"]
 
 
@@ -74,8 +76,8 @@ class CallTracer:
         self._stack: list[Optional[LayerCalls]] = []
         self._on_enter, self._on_exit = on_enter, on_exit
         self._no_remat = no_remat
-        # (layer, its own instance `call` before, its remat mode)
-        self._wrapped: list[tuple[Any, Any, Any]] = []
+        # (wrap_call's token, the layer's remat mode)
+        self._wrapped: list[tuple[tuple, Any]] = []
         self._walk: list[tuple[Any, Optional[str]]] = []  # (layer, row path or None)
         self._expand(model, "", keras.Model, expand_nested)
 
@@ -101,20 +103,18 @@ class CallTracer:
         for layer, path in self._walk:
             row = None if path is None else LayerCalls(layer, path, remat=_remat(layer))
             mode = getattr(layer, "_remat_mode", None)
-            self._wrapped.append((layer, vars(layer).get("call"), mode))
-            object.__setattr__(layer, "call", self._wrap(layer, layer.call, row))
+            token = wrap_call(layer, lambda original, layer=layer, row=row:
+                              self._wrap(layer, original, row))
+            self._wrapped.append((token, mode))
             if self._no_remat and mode is not None:
                 object.__setattr__(layer, "_remat_mode", None)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for layer, before, mode in self._wrapped:
-            if before is not None:  # such as MemWatch's, during a fit
-                object.__setattr__(layer, "call", before)
-            elif "call" in vars(layer):
-                object.__delattr__(layer, "call")
+        for token, mode in reversed(self._wrapped):
+            unwrap_call(token)  # gives back MemWatch's own, during a fit
             if self._no_remat and mode is not None:
-                object.__setattr__(layer, "_remat_mode", mode)
+                object.__setattr__(token[0], "_remat_mode", mode)
         self._wrapped = []
         self._stack = []
 
@@ -137,22 +137,10 @@ class CallTracer:
             finally:
                 tracer._stack.pop()
             if mine is not None:
-                mine.outputs.append(_specs(outputs))
+                mine.outputs.append(list(signature(outputs) or ()))
                 if tracer._on_exit is not None:
                     tracer._on_exit(mine)
             return outputs
 
         return call
 
-
-def _specs(outputs: Any) -> list[tuple[tuple, str]]:
-    """`(shape, dtype)` of each tensor among `outputs` (no reference kept to
-    the tensors: on a real call they hold device memory)."""
-    import keras
-
-    specs = []
-    for t in keras.tree.flatten(outputs):
-        if hasattr(t, "shape") and hasattr(t, "dtype"):
-            shape = tuple(None if d is None else int(d) for d in t.shape)
-            specs.append((shape, keras.backend.standardize_dtype(t.dtype)))
-    return specs

@@ -144,9 +144,7 @@ def format_by_layer(table: pd.DataFrame, top: int = 5) -> str:
         lines.append("  the step's working memory was not measured, so the rest "
                      "is unknown")
     grew = table.attrs.get("grew")
-    if grew:
-        name, before, after, first, largest = grew
-        lines.append(f"  where the input grew from {first} to {largest}, the "
-                     f"activations of {name} grew most: {format_bytes(before)} -> "
-                     f"{format_bytes(after)} (from shapes)")
+    if grew is not None:
+        lines.append(f"  where the input grew from {grew.before_shape} to "
+                     f"{grew.after_shape}, {grew.message}")
     return "\n".join(lines)

@@ -1,0 +1,99 @@
+"""Which layer grew: from shapes between two inputs, and named live for a
+spike whose batch had an unusual input shape."""
+
+import logging
+
+import keras
+import numpy as np
+
+from conftest import FakeProbe
+from keras_memwatch import MemWatch
+from keras_memwatch.explain.layers.growth import growth
+from keras_memwatch.units import MIB
+
+BACKEND = keras.backend.backend()
+LONG = (6, 12)  # the batches of 256-step sequences; the others have 16
+
+
+def sequence_model():
+    inputs = keras.Input((None, 4))
+    h = keras.layers.Dense(8, name="narrow")(inputs)
+    h = keras.layers.Dense(256, name="wide")(h)
+    h = keras.layers.GlobalAveragePooling1D(name="pool")(h)
+    model = keras.Model(inputs, keras.layers.Dense(1, name="head")(h))
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+class Sequences(keras.utils.PyDataset):
+    """16 batches of 8 sequences: 16 steps long, 256 at the `LONG` batches."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        steps = 256 if i in LONG else 16
+        return (np.ones((8, steps, 4), "float32"), np.ones((8, 1), "float32"))
+
+
+def sequences():
+    """`Sequences`, where TensorFlow is told that their length varies."""
+    if BACKEND != "tensorflow":
+        return Sequences()
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_generator(
+        lambda: (Sequences()[i] for i in range(16)),
+        output_signature=(tf.TensorSpec((8, None, 4)), tf.TensorSpec((8, 1)))
+    ).apply(tf.data.experimental.assert_cardinality(16))
+
+
+def test_growth_names_the_layer_whose_outputs_grew_most():
+    model = sequence_model()
+    found = growth(model, keras.KerasTensor((8, 16, 4)), keras.KerasTensor((8, 256, 4)))
+    assert found.layer == "wide"
+    assert (found.before_bytes, found.after_bytes) == (8 * 16 * 256 * 4, 8 * 256 * 256 * 4)
+    assert (found.before_shape, found.after_shape) == ((8, 16, 4), (8, 256, 4))
+    assert found.message == ("the activations of wide grew most: 128.0 KiB -> 2.0 MiB "
+                             "(from shapes)")
+
+
+def test_growth_is_none_where_nothing_grew():
+    model = sequence_model()
+    assert growth(model, keras.KerasTensor((8, 16, 4)), keras.KerasTensor((8, 16, 4))) is None
+
+
+def test_a_spike_at_an_unusual_input_shape_names_its_layer(memwatch_logs):
+    working = [400 if b in LONG else 40 for b in range(16)]
+    probe = FakeProbe([(500 * MIB, 500 * MIB)]
+                      + [(500 * MIB, (500 + w) * MIB) for w in working])
+    events = []
+    watch = MemWatch(probes=[probe], on_spike=events.append)
+    sequence_model().fit(sequences(), epochs=1, callbacks=[watch], verbose=0,
+                             shuffle=False)
+    named = [r.getMessage() for r in memwatch_logs.records if "came with input" in r.getMessage()]
+    assert events and 12 in [e.batch for e in events]
+    if BACKEND == "tensorflow":
+        # A compiled TensorFlow step calls the model only while tracing:
+        # no batch's shape is known, so nothing is named.
+        assert named == [] and all(e.layer is None for e in events)
+        return
+    assert [e.layer for e in events] == ["wide"] * len(events)
+    first = min(e.batch for e in events)
+    assert named == [
+        f"memory spike at epoch 0 batch {first} came with input shape (8, 256, 4), "
+        "where most batches had (8, 16, 4): the activations of wide grew most: "
+        "128.0 KiB -> 2.0 MiB (from shapes)"]
+    assert "call" not in vars(watch.model)  # the model's own call again
+
+
+def test_a_spike_at_the_usual_shape_names_no_layer(memwatch_logs):
+    working = [400 if b == 9 else 40 for b in range(16)]
+    probe = FakeProbe([(500 * MIB, 500 * MIB)]
+                      + [(500 * MIB, (500 + w) * MIB) for w in working])
+    events = []
+    watch = MemWatch(probes=[probe], on_spike=events.append)
+    sequence_model().fit(sequences(), epochs=1, callbacks=[watch], verbose=0,
+                             shuffle=False)
+    assert [(e.batch, e.layer) for e in events] == [(9, None)]
+    assert "came with input" not in memwatch_logs.text
