@@ -289,7 +289,8 @@ class MemWatch(keras.callbacks.Callback):
             self._planner, self._plan_note, planned = attach_planner(
                 self.model, self._shapes.note)
             self._shapes.attach(self.model, _batches_seen(self.model, self._planner))
-            self._layers = SpikeLayers(self.model, self._shapes, alert=self.verbose > 0)
+            self._layers = SpikeLayers(lambda: self.model, self._shapes,
+                                       alert=self.verbose > 0)
         monitor = SpikeMonitor(
             devices, self._settings, alert=self.verbose > 0, planned=planned,
             per_step_peak=self._sampler.per_step_peak,

@@ -2,9 +2,11 @@
 spike whose batch had an unusual input shape."""
 
 import logging
+import time
 
 import keras
 import numpy as np
+import pytest
 
 from conftest import FakeProbe
 from keras_memwatch import MemWatch
@@ -97,3 +99,29 @@ def test_a_spike_at_the_usual_shape_names_no_layer(memwatch_logs):
                              shuffle=False)
     assert [(e.batch, e.layer) for e in events] == [(9, None)]
     assert "came with input" not in memwatch_logs.text
+
+
+def test_a_spike_is_named_in_the_middle_of_an_epoch(memwatch_logs):
+    # Under JAX a fit keeps the variables' values out of the model until the
+    # epoch ends; slow batches after the spike let it be named before then.
+    fetched = []
+
+    class Slow(Sequences):
+        def __getitem__(self, i):
+            fetched.append(i)
+            if i > LONG[0]:
+                time.sleep(0.1)
+            return super().__getitem__(i)
+
+    if BACKEND == "tensorflow":
+        pytest.skip("no batch's shape is known under TensorFlow")
+    working = [400 if b in LONG else 40 for b in range(16)]
+    probe = FakeProbe([(500 * MIB, 500 * MIB)]
+                      + [(500 * MIB, (500 + w) * MIB) for w in working])
+    named = []
+    watch = MemWatch(probes=[probe], on_spike=lambda e: named.append(
+        (e.batch, e.layer, max(fetched))))
+    sequence_model().fit(Slow(), epochs=1, callbacks=[watch], verbose=0, shuffle=False)
+    batch, layer, fetched_then = named[0]
+    assert fetched_then < 15  # named in the middle of the epoch
+    assert batch in LONG and layer == "wide"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from keras_memwatch.explain.layers.shapes import output_bytes, trace_shapes
 from keras_memwatch.units import format_bytes
@@ -68,12 +68,15 @@ class SpikeLayers:
     """Names the layer behind a spike whose batch had an unusual input shape.
 
     Args:
-        model: the model being fit.
+        model: gives the model being fit, its variables in place (a
+            callback's `model`: under JAX, Keras keeps their values out of
+            the model until an epoch ends, and puts them back for it).
         shapes: its `BatchShapes`, noting each batch's signature.
         alert: log each pair of shapes the first time it is named.
     """
 
-    def __init__(self, model: Any, shapes: Any, alert: bool = True) -> None:
+    def __init__(self, model: Callable[[], Any], shapes: Any, alert: bool = True
+                 ) -> None:
         self.model, self.shapes, self.alert = model, shapes, alert
         self._known: dict[tuple[int, int], Optional[Growth]] = {}
         self._logged: set[tuple[int, int]] = set()
@@ -92,7 +95,7 @@ class SpikeLayers:
         if pair not in self._known:
             shapes.quiet = True
             try:
-                self._known[pair] = growth(self.model, shapes.seen[usual][0],
+                self._known[pair] = growth(self.model(), shapes.seen[usual][0],
                                            shapes.seen[mine][0])
             finally:
                 shapes.quiet = False
