@@ -108,7 +108,8 @@ def check(gpu: bool, top: int = 5, batch: Optional[int] = None) -> dict[str, Any
     ref, ref_words = reference(model, x, y, n)
     head = layers.sort_values("working_bytes", ascending=False, kind="stable").head(top)
     columns = ["layer", "class", "output_shape", "activation_bytes", "grad_bytes",
-               "working_bytes", "source"]
+               "working_bytes", "measured_forward_bytes", "measured_backward_bytes",
+               "source"]
     rows = [{k: _plain(v) for k, v in row.items()}
             for row in head[columns].to_dict("records")]
     return {

@@ -105,3 +105,32 @@ def test_a_job_in_a_new_process_under_the_cap_trains_small_batches_and_fails_lar
     small, large = job(32), job(65536)  # a batch of inputs alone is the cap
     assert small[0] == 0 and 0 < small[1]["allocated"] <= cap
     assert large == (fresh_process.EXIT_OOM, {"error": "OutOfMemoryError"})
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch",
+                    reason="the allocator measures each layer's passes on PyTorch")
+def test_pytorch_measures_each_layers_forward_and_backward_pass():
+    from keras_memwatch import memory_by_layer
+
+    model = keras.Sequential([
+        keras.Input((32, 32, 3)),
+        keras.layers.Conv2D(256, 3, padding="same", activation="relu", name="conv1"),
+        keras.layers.Conv2D(256, 3, padding="same", activation="relu", name="conv2"),
+        keras.layers.GlobalAveragePooling2D(name="gap"),
+        keras.layers.Dense(10, name="logits"),
+    ])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x = np.random.default_rng(0).normal(size=(16, 32, 32, 3)).astype("float32")
+    table = memory_by_layer(model, x, np.zeros(16, "int32")).set_index("layer")
+    layers = table.drop(index=table.index[-1])
+    print("\n" + layers[["activation_bytes", "grad_bytes", "measured_forward_bytes",
+                         "measured_backward_bytes"]].to_string())
+    assert layers["measured_forward_bytes"].notna().all()
+    assert layers["measured_backward_bytes"].notna().all()
+    # A layer's backward pass makes its variables' gradients, and conv2's
+    # also the gradient of its input (conv1's output).
+    for name in ("conv1", "conv2", "logits"):
+        assert layers.loc[name, "measured_backward_bytes"] >= layers.loc[name, "grad_bytes"]
+    conv1_output = 16 * 32 * 32 * 256 * 4
+    assert layers.loc["conv2", "measured_backward_bytes"] >= conv1_output
+    assert table.attrs["working_bytes"] >= layers["measured_backward_bytes"].max()

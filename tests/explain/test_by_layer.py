@@ -129,6 +129,7 @@ def test_shapes_give_each_layer_its_outputs_at_the_batch_size():
     assert table.loc["pool", "activation_bytes"] == output_bytes((32, 8, 8, 16))
     assert table.loc["logits", "activation_bytes"] == output_bytes((32, 10))
     assert table["measured_forward_bytes"].isna().all()
+    assert table["measured_backward_bytes"].isna().all()
 
 
 def test_mixed_precision_counts_activations_in_the_compute_dtype():

@@ -89,7 +89,10 @@ def memory_by_layer(
         `param_bytes`, `grad_bytes`, `optimizer_bytes`, `working_bytes`
         (activations plus gradients; for the last row the rest),
         `measured_forward_bytes` (bytes a layer's forward pass left
-        allocated, PyTorch on a CUDA device; NaN elsewhere), `remat` (the
+        allocated, PyTorch on a CUDA device; NaN elsewhere),
+        `measured_backward_bytes` (the allocator's peak during a layer's
+        backward pass less what was allocated as it began, PyTorch on a
+        CUDA device; NaN elsewhere), `remat` (the
         layer rematerializes under keras `RematScope`: it keeps less than
         its outputs, which `"shapes"` does not see) and `source`. `attrs`
         holds `working_bytes` (the step's, or `None`) and `working_source`;
@@ -169,7 +172,7 @@ def _torch_step(model: Any, batch: tuple[Any, Any], expand_nested: bool
                                   expand_nested, at_backward)
         finally:
             gc.enable()
-        peaks = [p for p in (held.get(device.peak_column), device.peak())
+        peaks = [p for p in (held.get(device.peak_column), device.peak(), saved.peak)
                  if p is not None]
     finally:
         device.close()
@@ -179,7 +182,7 @@ def _torch_step(model: Any, batch: tuple[Any, Any], expand_nested: bool
                                   "the host's resident") +
              " peak less the memory in use before it")
     table = by_layer_table(model, saved.rows, saved.saved, "measured", working,
-                           words, forward=saved.forward)
+                           words, forward=saved.forward, backward=saved.backward)
     current = held.get("current_bytes")
     table.attrs.update(
         saved_bytes=sum(saved.saved.values()) + saved.outside,

@@ -59,14 +59,15 @@ class CallTracer:
         expand_nested: give the layers of a nested model rows of their own.
             Defaults to `True`.
         on_enter, on_exit: called with the `LayerCalls` of a row layer as
-            each of its calls starts and ends (on the calling thread).
+            each of its calls starts, and with it and the call's outputs as
+            it ends (on the calling thread).
         no_remat: switch rematerialization off while active (the shapes of
             a symbolic walk do not depend on it). Defaults to `False`.
     """
 
     def __init__(self, model: Any, expand_nested: bool = True,
                  on_enter: Optional[Callable[[LayerCalls], None]] = None,
-                 on_exit: Optional[Callable[[LayerCalls], None]] = None,
+                 on_exit: Optional[Callable[[LayerCalls, Any], None]] = None,
                  no_remat: bool = False):
         import keras
 
@@ -139,7 +140,7 @@ class CallTracer:
             if mine is not None:
                 mine.outputs.append(list(signature(outputs) or ()))
                 if tracer._on_exit is not None:
-                    tracer._on_exit(mine)
+                    tracer._on_exit(mine, outputs)
             return outputs
 
         return call

@@ -30,7 +30,7 @@ REST = "(rest: loss, batch, optimizer update, workspaces)"
 
 COLUMNS = ("layer", "class", "calls", "output_shape", "activation_bytes",
            "param_bytes", "grad_bytes", "optimizer_bytes", "working_bytes",
-           "measured_forward_bytes", "remat", "source")
+           "measured_forward_bytes", "measured_backward_bytes", "remat", "source")
 
 
 def _slots_by_variable(model: Any) -> dict[str, int]:
@@ -60,6 +60,7 @@ def by_layer_table(
     working_source: str = "",
     forward: Optional[Mapping[int, int]] = None,
     rest_source: str = "measured",
+    backward: Optional[Mapping[int, int]] = None,
 ) -> pd.DataFrame:
     """Builds the table.
 
@@ -72,6 +73,7 @@ def by_layer_table(
         working_bytes: the step's measured working memory, or `None`.
         working_source: where `working_bytes` comes from, in words.
         forward: `id(layer)` -> measured bytes of its forward pass.
+        backward: `id(layer)` -> measured bytes of its backward pass.
         rest_source: the rest's source: `"measured"`, or `"plan"` where the
             step's working memory is XLA's plan.
 
@@ -98,6 +100,7 @@ def by_layer_table(
             "optimizer_bytes": sum(slots.get(v.path, 0) for v in grads),
             "working_bytes": act + grad,
             "measured_forward_bytes": (forward or {}).get(key, pd.NA),
+            "measured_backward_bytes": (backward or {}).get(key, pd.NA),
             "remat": row.remat, "source": source})
     layers_sum = sum(r["working_bytes"] for r in records)
     rest = pd.NA if working_bytes is None else working_bytes - layers_sum
@@ -105,7 +108,7 @@ def by_layer_table(
         "layer": REST, "class": "", "calls": 0, "output_shape": "",
         "activation_bytes": pd.NA, "param_bytes": 0, "grad_bytes": 0,
         "optimizer_bytes": 0, "working_bytes": rest,
-        "measured_forward_bytes": pd.NA,
+        "measured_forward_bytes": pd.NA, "measured_backward_bytes": pd.NA,
         "remat": False, "source": rest_source if working_bytes is not None else ""})
     table = pd.DataFrame.from_records(records, columns=list(COLUMNS))
     for column in COLUMNS:

@@ -7,9 +7,16 @@ to the layer running when it was saved (`CallTracer.owner`): its storage's
 bytes, once per storage (a tensor saved twice, or two views of one
 storage, count once), the model's own variables excluded (they are the
 weights, not activations). Tensors saved outside every layer (the loss)
-are counted apart. The counts are exact on any device; on a CUDA device
-each layer's forward pass is also measured by the allocator (bytes
-allocated at its end minus at its start).
+are counted apart. The counts are exact on any device.
+
+On a CUDA device the allocator also measures each layer's passes. Its
+forward pass: bytes allocated at its end minus at its start. Its backward
+pass: from the moment the gradient of its outputs is ready (a tensor hook)
+to the moment the next layer's is, the allocator's peak less what was
+allocated at the start; in a chain of layers that is exactly the layer's
+backward, where branches run side by side the work between two hooks is
+charged to the layer whose hook came first. The peaks are reset at each
+hook; the largest seen is kept (`SavedBytes.peak`).
 """
 
 from __future__ import annotations
@@ -32,12 +39,18 @@ class SavedBytes:
         outside: bytes saved outside every row (the loss and metrics).
         forward: row's `id(layer)` -> bytes its forward pass left allocated
             on a CUDA device (empty elsewhere).
+        backward: row's `id(layer)` -> the peak of its backward pass less
+            what was allocated as it began, on a CUDA device (empty
+            elsewhere).
+        peak: the allocator's largest peak across the resets, or None.
     """
 
     rows: list[LayerCalls]
     saved: dict[int, int]
     outside: int
     forward: dict[int, int]
+    backward: dict[int, int] = dataclasses.field(default_factory=dict)
+    peak: Optional[int] = None
 
 
 def _storage(tensor: Any) -> tuple[int, int]:
@@ -65,6 +78,7 @@ def measure_saved(model: Any, run: Callable[[], None],
             tensor (when the forward pass holds all it saved). Defaults to
             `None`.
     """
+    import keras
     import torch
 
     weights = {_storage(v.value)[0] for v in model.variables}
@@ -79,11 +93,32 @@ def measure_saved(model: Any, run: Callable[[], None],
         if cuda:
             started[id(row.layer)] = torch.cuda.memory_allocated()
 
-    def leave(row: LayerCalls) -> None:
+    backward: dict[int, int] = {}
+    # The layer whose backward pass runs, what was allocated as it began, and
+    # the largest peak so far.
+    window: list[Any] = [None, 0, None]
+
+    def close() -> None:
+        """Ends the running backward pass: charges its peak to its layer."""
+        peak = torch.cuda.max_memory_allocated()
+        key, start, most = window
+        if key is not None:
+            backward[key] = backward.get(key, 0) + max(peak - start, 0)
+        window[2] = peak if most is None else max(most, peak)
+
+    def gradient_ready(key: int) -> None:
+        close()
+        torch.cuda.reset_peak_memory_stats()
+        window[0], window[1] = key, torch.cuda.memory_allocated()
+
+    def leave(row: LayerCalls, outputs: Any) -> None:
         if cuda:
             key = id(row.layer)
             delta = torch.cuda.memory_allocated() - started.pop(key)
             forward[key] = forward.get(key, 0) + delta
+            for t in keras.tree.flatten(outputs):
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    t.register_hook(lambda grad, key=key: gradient_ready(key))
 
     tracer = CallTracer(model, expand_nested, on_enter=enter, on_exit=leave)
 
@@ -98,14 +133,16 @@ def measure_saved(model: Any, run: Callable[[], None],
                 saved[id(row.layer)] = saved.get(id(row.layer), 0) + size
         return tensor
 
-    backward = [at_backward]
+    first_unpack = [at_backward]
 
     def unpack(tensor: Any) -> Any:
-        if backward[0] is not None:
-            backward[0], call = None, backward[0]
+        if first_unpack[0] is not None:
+            first_unpack[0], call = None, first_unpack[0]
             call()
         return tensor
 
     with tracer, torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         run()
-    return SavedBytes(tracer.order, saved, outside[0], forward)
+    if cuda:
+        close()
+    return SavedBytes(tracer.order, saved, outside[0], forward, backward, window[2])
