@@ -80,3 +80,7 @@ def test_the_quick_start_prints_what_the_readme_shows(tmp_path):
         alert = f"memory spike at epoch 0 batch {batch} on host: peak "
         assert alert in block and alert in done.stderr
         assert re.search(rf"^\d\s+0\s+{batch}\s+host\s+\d+\s+\d+$", block, re.M)
+    named = ("memory spike at epoch 0 batch 14 came with input shape (128, 64, 64, 3), "
+             "where most batches had (8, 64, 64, 3): the activations of conv2d grew "
+             "most: 8.0 MiB -> 128 MiB (from shapes)")
+    assert named in block and named in done.stderr
