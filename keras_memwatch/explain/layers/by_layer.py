@@ -307,7 +307,7 @@ def _grew(model: Any, seen: list[tuple[Any, tuple]], first_spec: Any,
           expand_nested: bool) -> Optional[Growth]:
     """The layer whose output bytes grew most from the first input shape to
     the largest the fit saw; None with one shape."""
-    largest = max((spec for spec, found in seen), key=lambda s: _elements(s))
+    largest = max((spec for spec, _ in seen), key=_elements)
     if len(seen) < 2 or _elements(largest) <= _elements(first_spec):
         return None
     return growth(model, first_spec, largest, expand_nested)

@@ -39,6 +39,7 @@ class Growth:
 
     @property
     def message(self) -> str:
+        """"the activations of dense grew most: 8.0 MiB -> 128 MiB (from shapes)"."""
         return (f"the activations of {self.layer} grew most: "
                 f"{format_bytes(self.before_bytes)} -> "
                 f"{format_bytes(self.after_bytes)} (from shapes)")
@@ -79,7 +80,6 @@ class SpikeLayers:
                  ) -> None:
         self.model, self.shapes, self.alert = model, shapes, alert
         self._known: dict[tuple[int, int], Optional[Growth]] = {}
-        self._logged: set[tuple[int, int]] = set()
 
     def name(self, event: Any) -> Optional[Growth]:
         """The layer that grew most from the usual input to the spike's
@@ -92,16 +92,15 @@ class SpikeLayers:
         if usual is None or mine is None or mine == usual:
             return None
         pair = (usual, mine)
-        if pair not in self._known:
-            shapes.quiet = True
-            try:
-                self._known[pair] = growth(self.model(), shapes.seen[usual][0],
-                                           shapes.seen[mine][0])
-            finally:
-                shapes.quiet = False
-        found = self._known[pair]
-        if found is not None and self.alert and pair not in self._logged:
-            self._logged.add(pair)
+        if pair in self._known:
+            return self._known[pair]
+        shapes.quiet = True
+        try:
+            found = self._known[pair] = growth(self.model(), shapes.seen[usual][0],
+                                               shapes.seen[mine][0])
+        finally:
+            shapes.quiet = False
+        if found is not None and self.alert:
             logger.warning("memory spike at %s came with input shape %s, where "
                            "most batches had %s: %s", event.where,
                            found.after_shape, found.before_shape, found.message)
