@@ -8,9 +8,10 @@ back whatever was there before (another wrapper, or nothing).
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Optional
 
-__all__ = ["signature", "unwrap_call", "wrap_call"]
+__all__ = ["elements", "signature", "unwrap_call", "wrap_call"]
 
 
 def wrap_call(layer: Any, make: Callable[[Callable], Callable]) -> tuple:
@@ -44,3 +45,8 @@ def signature(tree: Any) -> Optional[tuple]:
                   for t in keras.tree.flatten(tree)
                   if hasattr(t, "shape") and hasattr(t, "dtype"))
     return specs or None
+
+
+def elements(found: tuple) -> int:
+    """Elements of a `signature`'s tensors (a dimension not known counts 0)."""
+    return sum(math.prod(d or 0 for d in shape) for shape, _ in found)

@@ -111,6 +111,14 @@ def memwatch_logs(caplog) -> Iterator[pytest.LogCaptureFixture]:
     yield caplog
 
 
+def scripted(working_mib: Sequence[float], static_mib: float = 500) -> FakeProbe:
+    """Fake GPU readings: train begin, then one (current, peak) per batch,
+    each step needing `working_mib` on top of `static_mib` in use."""
+    values = [(static_mib * MIB, static_mib * MIB)]
+    values += [(static_mib * MIB, (static_mib + w) * MIB) for w in working_mib]
+    return FakeProbe(values)
+
+
 def tiny_model(inputs: int = 8, outputs: int = 1):
     import keras
 

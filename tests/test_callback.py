@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import FakeProbe, tiny_data, tiny_model
+from conftest import FakeProbe, scripted, tiny_data, tiny_model
 from keras_memwatch import MemWatch, load_log
 from keras_memwatch import columns as C
 
@@ -182,13 +182,6 @@ def test_to_csv_and_parquet_round_trip(tmp_path):
     watch.to_parquet(tmp_path / "m.parquet")
     back = pd.read_parquet(tmp_path / "m.parquet")
     assert back["peak_bytes"].tolist() == watch.to_dataframe()["peak_bytes"].tolist()
-
-
-def scripted(working_mib, static_mib=500):
-    """Fake GPU readings: train begin, then one (current, peak) per batch."""
-    values = [(static_mib * MIB, static_mib * MIB)]
-    values += [(static_mib * MIB, (static_mib + w) * MIB) for w in working_mib]
-    return FakeProbe(values)
 
 
 def test_spikes_are_flagged_logged_and_passed_to_on_spike(memwatch_logs):

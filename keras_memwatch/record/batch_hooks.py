@@ -120,9 +120,10 @@ def batch_hooks(pipe: Pipeline, progress: Progress, read: Callable[[], list],
                 if chores_due():
                     chores()
                 last = batch + spe - 1
+                named = (phase, progress.epoch, last)
                 if name_batch is not None:
-                    name_batch((phase, progress.epoch, last))
-                key = (phase, progress.epoch, last) if every or due(last) else None
+                    name_batch(named)
+                key = named if every or due(last) else None
                 if key is not None:
                     expect(key)
                     if announce is not None:

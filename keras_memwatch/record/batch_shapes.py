@@ -16,11 +16,10 @@ it each batch it draws (`note`). `of(key)` and `usual` answer.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable
 from typing import Any, Optional
 
-from keras_memwatch.call_wrapping import signature, unwrap_call, wrap_call
+from keras_memwatch.call_wrapping import elements, signature, unwrap_call, wrap_call
 
 __all__ = ["BatchShapes"]
 
@@ -117,7 +116,7 @@ class BatchShapes:
         if len(self.seen) > 1:
             recent, key = self._recent, self.key
             known = recent.get(key)  # steps of one execution: the largest
-            if known is None or _size(self.seen[i][1]) > _size(self.seen[known][1]):
+            if known is None or elements(self.seen[i][1]) > elements(self.seen[known][1]):
                 recent[key] = i
             if len(recent) > RECENT:
                 del recent[next(iter(recent))]
@@ -144,10 +143,6 @@ class BatchShapes:
             self.seen.append((_specs(inputs), found))
             self._counts.append(0)
         return i
-
-
-def _size(found: tuple) -> int:
-    return sum(math.prod(d or 0 for d in shape) for shape, _ in found)
 
 
 def _specs(inputs: Any) -> Any:

@@ -8,10 +8,9 @@ import keras
 import numpy as np
 import pytest
 
-from conftest import FakeProbe
+from conftest import scripted
 from keras_memwatch import MemWatch
 from keras_memwatch.explain.layers.growth import growth
-from keras_memwatch.units import MIB
 
 BACKEND = keras.backend.backend()
 LONG = (6, 12)  # the batches of 256-step sequences; the others have 16
@@ -67,8 +66,7 @@ def test_growth_is_none_where_nothing_grew():
 
 def test_a_spike_at_an_unusual_input_shape_names_its_layer(memwatch_logs):
     working = [400 if b in LONG else 40 for b in range(16)]
-    probe = FakeProbe([(500 * MIB, 500 * MIB)]
-                      + [(500 * MIB, (500 + w) * MIB) for w in working])
+    probe = scripted(working)
     events = []
     watch = MemWatch(probes=[probe], on_spike=events.append)
     sequence_model().fit(sequences(), epochs=1, callbacks=[watch], verbose=0,
@@ -91,8 +89,7 @@ def test_a_spike_at_an_unusual_input_shape_names_its_layer(memwatch_logs):
 
 def test_a_spike_at_the_usual_shape_names_no_layer(memwatch_logs):
     working = [400 if b == 9 else 40 for b in range(16)]
-    probe = FakeProbe([(500 * MIB, 500 * MIB)]
-                      + [(500 * MIB, (500 + w) * MIB) for w in working])
+    probe = scripted(working)
     events = []
     watch = MemWatch(probes=[probe], on_spike=events.append)
     sequence_model().fit(sequences(), epochs=1, callbacks=[watch], verbose=0,
@@ -116,8 +113,7 @@ def test_a_spike_is_named_in_the_middle_of_an_epoch(memwatch_logs):
     if BACKEND == "tensorflow":
         pytest.skip("no batch's shape is known under TensorFlow")
     working = [400 if b in LONG else 40 for b in range(16)]
-    probe = FakeProbe([(500 * MIB, 500 * MIB)]
-                      + [(500 * MIB, (500 + w) * MIB) for w in working])
+    probe = scripted(working)
     named = []
     watch = MemWatch(probes=[probe], on_spike=lambda e: named.append(
         (e.batch, e.layer, max(fetched))))

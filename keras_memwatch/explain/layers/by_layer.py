@@ -22,6 +22,7 @@ from typing import Any, Optional
 import pandas as pd
 
 from keras_memwatch import options
+from keras_memwatch.call_wrapping import elements, signature
 from keras_memwatch.explain.layers.growth import Growth, growth
 from keras_memwatch.explain.layers.shapes import batch_spec, output_bytes, trace_shapes
 from keras_memwatch.explain.layers.table import by_layer_table
@@ -307,15 +308,7 @@ def _grew(model: Any, seen: list[tuple[Any, tuple]], first_spec: Any,
           expand_nested: bool) -> Optional[Growth]:
     """The layer whose output bytes grew most from the first input shape to
     the largest the fit saw; None with one shape."""
-    largest = max((spec for spec, _ in seen), key=_elements)
-    if len(seen) < 2 or _elements(largest) <= _elements(first_spec):
+    largest, found = max(seen, key=lambda pair: elements(pair[1]))
+    if len(seen) < 2 or elements(found) <= elements(signature(first_spec)):
         return None
     return growth(model, first_spec, largest, expand_nested)
-
-
-def _elements(spec: Any) -> int:
-    import math
-
-    import keras
-
-    return sum(math.prod(d or 0 for d in s.shape) for s in keras.tree.flatten(spec))
