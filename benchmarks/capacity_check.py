@@ -66,8 +66,8 @@ def trial(name: str, size: int, limit_mb: float, steps: int,
     import keras
 
     from benchmarks.models import build, data
-    from keras_memwatch.capacity.batches import repeated
-    from keras_memwatch.explain.oom import is_oom_error
+    from keras_memwatch.measure.batches import repeated
+    from keras_memwatch.oom_errors import is_oom_error
 
     model = build(name)
     x, y = data(name, size)

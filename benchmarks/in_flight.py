@@ -41,7 +41,7 @@ def in_flight(name: str, batch: int, steps: int, sync: bool,
 
     from benchmarks.models import build, data
     from keras_memwatch.judge import xla_plan
-    from keras_memwatch.capacity.batches import repeated
+    from keras_memwatch.measure.batches import repeated
 
     device = jax.devices()[0]
     if device.memory_stats() is None:

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
 from keras_memwatch import options
-from keras_memwatch.capacity.batches import Batches
-from keras_memwatch.capacity.device import Device
-from keras_memwatch.capacity.host_memory import host_available_bytes
-from keras_memwatch.capacity.model_state import ModelState, build_for_training
+from keras_memwatch.measure.batches import Batches
+from keras_memwatch.measure.device import Device
+from keras_memwatch.measure.host_memory import host_available_bytes
+from keras_memwatch.measure.model_state import ModelState, build_for_training
 from keras_memwatch.capacity.result import CapacityEstimate
 from keras_memwatch.capacity.search import Search, host_largest_batch
 from keras_memwatch.units import format_bytes

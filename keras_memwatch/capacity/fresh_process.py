@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from keras_memwatch.capacity.batches import Batches, repeated
+from keras_memwatch.measure.batches import Batches, repeated
 from keras_memwatch.capacity.evidence import JOB, Observation
 from keras_memwatch.units import MIB, format_bytes
 
@@ -189,7 +189,7 @@ def train_fresh(directory: str, size: int, limit_bytes: int,
 
     import keras
 
-    from keras_memwatch.explain.oom import is_oom_error
+    from keras_memwatch.oom_errors import is_oom_error
 
     if model_module and model_module not in ("keras", "__main__"):
         importlib.import_module(model_module)  # registers its classes

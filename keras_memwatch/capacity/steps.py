@@ -18,10 +18,10 @@ import time
 from collections.abc import Sequence
 from typing import Any, Callable
 
-from keras_memwatch.capacity.batches import Batches, fit_steps
-from keras_memwatch.capacity.device import Device, trim_host_heap
+from keras_memwatch.measure.batches import Batches, fit_steps
+from keras_memwatch.measure.device import Device, trim_host_heap
 from keras_memwatch.capacity.evidence import STEP, Observation
-from keras_memwatch.explain.oom import is_oom_error
+from keras_memwatch.oom_errors import is_oom_error
 from keras_memwatch.units import format_bytes
 
 #: Steps per size on a GPU: the second reserves more than the first (the

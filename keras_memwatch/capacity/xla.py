@@ -26,10 +26,10 @@ import time
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
-from keras_memwatch.capacity.batches import Batches
-from keras_memwatch.capacity.device import Device
+from keras_memwatch.measure.batches import Batches
+from keras_memwatch.measure.device import Device
 from keras_memwatch.capacity.evidence import AIMED, PLAN, Observation
-from keras_memwatch.explain.oom import is_oom_error
+from keras_memwatch.oom_errors import is_oom_error
 from keras_memwatch.judge import xla_plan
 from keras_memwatch.units import format_bytes
 

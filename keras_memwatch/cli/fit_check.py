@@ -226,7 +226,7 @@ def _device_problem(args: argparse.Namespace) -> Optional[str]:
     """
     import keras
 
-    from keras_memwatch.capacity.device import Device
+    from keras_memwatch.measure.device import Device
 
     backend = keras.backend.backend()
     if args.method == "xla" and backend != "jax":

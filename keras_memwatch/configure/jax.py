@@ -20,7 +20,7 @@ from typing import Optional
 
 from keras_memwatch.configure.arguments import Request, check_limit_fits, select, too_late
 from keras_memwatch.configure.results import DeviceMemoryConfig, MemoryConfig
-from keras_memwatch.record.probes.nvml import NvmlTotals, nvidia_driver_present, visible_totals
+from keras_memwatch.configure.nvml_devices import NvmlTotals, nvidia_driver_present, visible_totals
 
 logger = logging.getLogger("keras_memwatch")
 

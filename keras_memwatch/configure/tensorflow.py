@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from keras_memwatch.configure.arguments import Request, check_limit_fits, select, too_late
 from keras_memwatch.configure.results import DeviceMemoryConfig, MemoryConfig
-from keras_memwatch.record.probes.nvml import visible_totals
+from keras_memwatch.configure.nvml_devices import visible_totals
 from keras_memwatch.units import MIB
 
 logger = logging.getLogger("keras_memwatch")

@@ -1,5 +1,5 @@
 """Explain: turn a record into words and pictures for people.
 
 `breakdown` (weights, optimizer state, working memory), `report` (the
-summary), `plot`, and out-of-memory forensics (`guard`, `oom`).
+summary), `plot`, and out-of-memory forensics (`guard`).
 """

@@ -18,12 +18,9 @@ Python process), which no step allocates.
 
 from __future__ import annotations
 
-import math
-import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, Optional
 
-import numpy as np
 import pandas as pd
 
 from keras_memwatch import options
@@ -32,51 +29,9 @@ from keras_memwatch.columns import HOST_DEVICE
 from keras_memwatch.judge.derived import (in_use_before, limit_of, peaks_from_plan,
                                           reserved_unallocated, working_memory_of)
 from keras_memwatch.units import format_bytes
+from keras_memwatch.variables import element_count, unique_variables, variable_bytes
 
-__all__ = ["device_memory", "format_breakdown", "memory_breakdown", "step_peaks",
-           "variable_bytes"]
-
-_ODD_DTYPE_BITS = {"bool": 8, "bfloat16": 16}
-
-
-def dtype_size(dtype: Any) -> int:
-    """Bytes per element of a dtype name (`"float32"`, `"bfloat16"`, ...)."""
-    name = str(getattr(dtype, "name", dtype))
-    if name in _ODD_DTYPE_BITS:
-        return _ODD_DTYPE_BITS[name] // 8
-    try:
-        return np.dtype(name).itemsize
-    except TypeError:
-        bits = re.search(r"(\d+)", name)  # float8_e4m3fn, int4, ...
-        if bits is None:
-            raise ValueError(f"Expected a numeric dtype. Received: dtype={name!r}") from None
-        return max(int(bits.group(1)) // 8, 1)
-
-
-def _size(variable: Any) -> int:
-    return int(math.prod(int(d) for d in variable.shape))
-
-
-def unique_variables(variables: Iterable[Any]) -> list[Any]:
-    seen: set[int] = set()
-    out = []
-    for v in variables:
-        if id(v) not in seen:
-            seen.add(id(v))
-            out.append(v)
-    return out
-
-
-def variable_bytes(variables: Iterable[Any]) -> int:
-    """Sum of `size * itemsize` over variables, each counted once.
-
-    Args:
-        variables: Keras variables (anything with `shape` and `dtype`).
-
-    Returns:
-        The bytes they hold.
-    """
-    return sum(_size(v) * dtype_size(v.dtype) for v in unique_variables(variables))
+__all__ = ["device_memory", "format_breakdown", "memory_breakdown", "step_peaks"]
 
 
 def _optimizer_name(optimizer: Any) -> str:
@@ -88,8 +43,8 @@ def _optimizer_name(optimizer: Any) -> str:
 def _static(model: Any, out: dict, notes: list[str]) -> None:
     trainable = unique_variables(model.trainable_weights)
     non_trainable = unique_variables(model.non_trainable_weights)
-    out["trainable_params"] = sum(_size(v) for v in trainable)
-    out["non_trainable_params"] = sum(_size(v) for v in non_trainable)
+    out["trainable_params"] = sum(element_count(v) for v in trainable)
+    out["non_trainable_params"] = sum(element_count(v) for v in non_trainable)
     out["trainable_bytes"] = variable_bytes(trainable)
     out["non_trainable_bytes"] = variable_bytes(non_trainable)
     out["weights_bytes"] = out["trainable_bytes"] + out["non_trainable_bytes"]
@@ -106,7 +61,7 @@ def _static(model: Any, out: dict, notes: list[str]) -> None:
         return
     variables = unique_variables(optimizer.variables)
     out["optimizer_bytes"] = variable_bytes(variables)
-    slots = sum(_size(v) for v in variables if len(v.shape) > 0)
+    slots = sum(element_count(v) for v in variables if len(v.shape) > 0)
     if out["trainable_params"]:
         out["optimizer_slots_per_weight"] = slots / out["trainable_params"]
     out["static_bytes"] = out["weights_bytes"] + out["optimizer_bytes"]

@@ -10,7 +10,7 @@ with oom_guard(watch):
     model.fit(x, y, callbacks=[watch])
 ```
 
-When the block ends with an out-of-memory error (as `keras_memwatch.explain.oom`
+When the block ends with an out-of-memory error (as `keras_memwatch.oom_errors`
 recognises it), the guard writes `mem.oom.txt` (what the framework says it
 tried to allocate, the memory at the failure, the last samples, the spikes,
 and the summary with the breakdown) and `mem.oom.csv` (the whole record)
@@ -34,7 +34,7 @@ import tempfile
 from typing import Any, Optional, Union
 
 from keras_memwatch import options
-from keras_memwatch.explain.oom import (MAX_LINE, allocation_lines, error_text,
+from keras_memwatch.oom_errors import (MAX_LINE, allocation_lines, error_text,
                                 is_oom_error, requested_bytes)
 
 logger = logging.getLogger("keras_memwatch")

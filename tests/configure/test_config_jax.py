@@ -117,7 +117,7 @@ def test_jax_without_gpu_is_a_logged_no_op() -> None:
     result = run_child(
         "jax",
         """
-        from keras_memwatch.record.probes.nvml import nvidia_driver_present, visible_totals
+        from keras_memwatch.configure.nvml_devices import nvidia_driver_present, visible_totals
         view = visible_totals()
         result["nvml"] = view.totals
         if view.totals is None and not nvidia_driver_present():

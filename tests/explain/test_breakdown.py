@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from conftest import GIB, HOST, MIB, built, dense_model, record, steady
-from keras_memwatch.explain.breakdown import (
-    dtype_size, format_breakdown, memory_breakdown, step_peaks, variable_bytes)
+from keras_memwatch.explain.breakdown import format_breakdown, memory_breakdown, step_peaks
+from keras_memwatch.variables import dtype_size, variable_bytes
 
 INT = 8 if keras.backend.backend() == "tensorflow" else 4
 COUNTERS = INT + 4  # an optimizer's iteration and float32 learning rate

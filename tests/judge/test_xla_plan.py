@@ -119,7 +119,7 @@ def test_a_size_planned_is_the_program_fit_runs_so_fit_compiles_no_step_again(
 
     import jax
 
-    from keras_memwatch.capacity.batches import repeated
+    from keras_memwatch.measure.batches import repeated
 
     class Unsupervised(keras.Sequential):  # a loss without targets
         def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None,

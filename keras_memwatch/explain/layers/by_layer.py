@@ -121,8 +121,8 @@ def memory_by_layer(
     _compiled(model)
     import keras
 
-    from keras_memwatch.capacity.batches import Batches
-    from keras_memwatch.capacity.model_state import ModelState, build_for_training
+    from keras_memwatch.measure.batches import Batches
+    from keras_memwatch.measure.model_state import ModelState, build_for_training
 
     data = Batches(x, y)
     size = batch_size or data.n
@@ -153,8 +153,8 @@ def memory_by_layer(
 
 def _torch_step(model: Any, batch: tuple[Any, Any], expand_nested: bool
                 ) -> pd.DataFrame:
-    from keras_memwatch.capacity.batches import fit_steps
-    from keras_memwatch.capacity.device import Device
+    from keras_memwatch.measure.batches import fit_steps
+    from keras_memwatch.measure.device import Device
     from keras_memwatch.explain.layers.torch_saved import measure_saved
 
     device = Device("torch", None)
@@ -211,8 +211,8 @@ def _jax_plan(model: Any, batch: tuple[Any, Any], size: int
 
 def _tensorflow_step(model: Any, batch: tuple[Any, Any]
                      ) -> tuple[Optional[int], str]:
-    from keras_memwatch.capacity.batches import fit_steps
-    from keras_memwatch.capacity.device import Device
+    from keras_memwatch.measure.batches import fit_steps
+    from keras_memwatch.measure.device import Device
 
     device = Device("tensorflow", None)
     try:
@@ -266,7 +266,7 @@ def memory_by_layer_of_fit(
                       f"{breakdown['transient_source']}")
     rest_source = ("plan" if breakdown.get("transient_source") == "XLA plan"
                    else "measured")
-    from keras_memwatch.capacity.model_state import ModelState
+    from keras_memwatch.measure.model_state import ModelState
 
     state = ModelState(model)
     try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from keras_memwatch.explain.breakdown import dtype_size
+from keras_memwatch.variables import dtype_size
 from keras_memwatch.explain.layers.calls import CallTracer, LayerCalls
 
 __all__ = ["batch_spec", "output_bytes", "output_shape", "trace_shapes"]

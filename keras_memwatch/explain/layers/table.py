@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import pandas as pd
 
-from keras_memwatch.explain.breakdown import unique_variables, variable_bytes
+from keras_memwatch.variables import unique_variables, variable_bytes
 from keras_memwatch.explain.layers.calls import LayerCalls
 from keras_memwatch.explain.layers.shapes import output_shape
 from keras_memwatch.units import format_bytes

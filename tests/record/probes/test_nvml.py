@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from keras_memwatch.record.probes.base import ProbeUnavailable
-from keras_memwatch.record.probes.nvml import NvmlProbe, visible_totals
+from keras_memwatch.configure.nvml_devices import visible_totals
+from keras_memwatch.record.probes.nvml import NvmlProbe
 
 GiB = 1 << 30
 MiB = 1 << 20

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import TF_MESSAGE, TORCH_MESSAGE, XLA_MESSAGE, framework_oom
-from keras_memwatch.explain.oom import allocation_lines, is_oom_error, requested_bytes
+from keras_memwatch.oom_errors import allocation_lines, is_oom_error, requested_bytes
 
 
 def test_the_active_frameworks_oom_class_is_recognised():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from keras_memwatch.capacity.batches import repeated
+from keras_memwatch.measure.batches import repeated
 
 
 def test_an_epoch_is_the_same_batch_steps_times():

@@ -10,7 +10,7 @@ import sys
 from typing import Optional
 
 from keras_memwatch import columns as C
-from keras_memwatch.capacity.host_memory import host_available_bytes
+from keras_memwatch.measure.host_memory import host_available_bytes
 from keras_memwatch.configure.devices import device_label
 from keras_memwatch.judge.derived import device_limit
 from keras_memwatch.units import format_bytes

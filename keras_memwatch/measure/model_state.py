@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from keras_memwatch.explain.breakdown import unique_variables
+from keras_memwatch.variables import unique_variables
 
 
 def _numpy_copy(variable: Any) -> Any:
