@@ -259,10 +259,22 @@ ABLATIONS = {
 
 def ablated_memwatch_class():
     """`MemWatch(verbose=0)` without one of the parts in `ABLATIONS`
-    (diagnostic arms: their records are incomplete by design)."""
+    (diagnostic arms: their records are incomplete by design). Each part is
+    switched off through a public option or by replacing a public name of
+    the package while the call's session is built."""
     from unittest import mock
 
     from keras_memwatch import MemWatch
+    from keras_memwatch.record.pipeline import Pipeline
+
+    class Unprocessed(Pipeline):
+        """Takes the reads and hands them to no consumer."""
+
+        def __init__(self, sampler, consumers, *args, **kwargs):
+            super().__init__(sampler, [], *args, **kwargs)
+
+    def no_planner(model, on_batch=None):
+        return None, "ablated", ()
 
     class AblatedMemWatch(MemWatch):
         def __init__(self, ablation: str):
@@ -271,12 +283,13 @@ def ablated_memwatch_class():
             self.ablation = ablation
 
         def on_train_begin(self, logs=None):
-            patches = []
-            if self.ablation == "memwatch_noplan":
-                patches.append(mock.patch("keras_memwatch.callback.attach_planner",
-                                          lambda model: (None, "ablated", ())))
-            if self.ablation == "memwatch_nothread":
-                patches.append(mock.patch("keras_memwatch.record.pipeline.Pipeline.start"))
+            patches = {
+                "memwatch_noplan": [mock.patch(
+                    "keras_memwatch.session.call.attach_planner", no_planner)],
+                "memwatch_nothread": [mock.patch.object(Pipeline, "start")],
+                "memwatch_noproc": [mock.patch(
+                    "keras_memwatch.session.call.Pipeline", Unprocessed)],
+            }.get(self.ablation, [])
             for p in patches:
                 p.start()
             try:
@@ -284,8 +297,6 @@ def ablated_memwatch_class():
             finally:
                 for p in patches:
                     p.stop()
-            if self.ablation == "memwatch_noproc":
-                self._pipe._process = lambda block: None
 
     return AblatedMemWatch
 
@@ -324,34 +335,66 @@ def wrap_probe_reads(probes: Sequence, sink: dict[str, list]) -> None:
         probe.read = _Timed(probe.read, sink.setdefault(probe.name, []))
 
 
+def _timed_method(method: Callable, times: list) -> Callable:
+    """A method that charges the thread CPU time of each call to `times`."""
+
+    def timed(self, *args):
+        t = thread_ns()
+        out = method(self, *args)
+        times.append(thread_ns() - t)
+        return out
+
+    return timed
+
+
 def timed_memwatch_class():
     """MemWatch whose batch hooks charge their thread CPU time to lists."""
+    from unittest import mock
+
+    import keras
+
     from keras_memwatch import MemWatch
+    from keras_memwatch.record.probes import resolve_probes
+    from keras_memwatch.record.sampler import Sampler
+    from keras_memwatch.session.logs_figures import LogsFigures
 
     class TimedMemWatch(MemWatch):
         """With `per_probe`, also times each probe's `read()` (`probe_ns`),
         and, within the batch-end hook, the sampler's read of them all and
         the logs figures (`part_ns`: "logs" works them out from the read,
-        "logs_add" puts them in the batch's logs)."""
+        "logs_add" puts them in the batch's logs). The hooks are built
+        around the timers: the public methods they call are replaced while
+        the call's session is built."""
 
         def __init__(self, per_probe: bool = False, **kwargs):
+            self.probe_ns: dict[str, list] = {}
+            if per_probe:
+                probes = resolve_probes(kwargs.pop("probes", "auto"),
+                                        keras.backend.backend())
+                wrap_probe_reads(probes, self.probe_ns)
+                kwargs["probes"] = probes
             super().__init__(**kwargs)
             self.begin_ns: list[int] = []
             self.end_ns: list[int] = []
-            self.probe_ns: dict[str, list] = {}
             self.part_ns: dict[str, list] = {"read": [], "logs": [], "logs_add": []}
             self.epoch_marks: list[tuple[int, int, int]] = []
             self.per_probe = per_probe
-            if per_probe:
-                wrap_probe_reads(self._probes, self.probe_ns)
 
         def on_train_begin(self, logs=None):
-            super().on_train_begin(logs)
-            if self.per_probe:  # the hooks are built again around the timers
-                self._sampler.read = _Timed(self._sampler.read, self.part_ns["read"])
-                self._metrics.take = _Timed(self._metrics.take, self.part_ns["logs"])
-                self._metrics.add = _Timed(self._metrics.add, self.part_ns["logs_add"])
-                self._install_hooks()
+            patches = []
+            if self.per_probe:
+                for cls, name, part in ((Sampler, "read", "read"),
+                                        (LogsFigures, "figures_of", "logs"),
+                                        (LogsFigures, "fill_batch", "logs_add")):
+                    patches.append(mock.patch.object(cls, name, _timed_method(
+                        getattr(cls, name), self.part_ns[part])))
+            for p in patches:
+                p.start()
+            try:
+                super().on_train_begin(logs)
+            finally:
+                for p in patches:
+                    p.stop()
             hooks = vars(self)
             for name, times in (("on_train_batch_begin", self.begin_ns),
                                 ("on_train_batch_end", self.end_ns)):

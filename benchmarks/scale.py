@@ -14,7 +14,6 @@ from __future__ import annotations
 import gc
 import os
 import tempfile
-import threading
 import time
 from typing import Any
 
@@ -122,7 +121,9 @@ def pipeline_cost(n: int, repeats: int) -> dict[str, Any]:
     JAX-like GPU (a high-water mark and XLA's plan), the host and NVML,
     drained a block of 128 at a time."""
     from keras_memwatch import columns as C
+    from keras_memwatch.judge.block_judge import BlockJudge
     from keras_memwatch.record.csvlog import CsvLog
+    from keras_memwatch.record.log_stream import LogStream
     from keras_memwatch.record.pipeline import Pipeline
     from keras_memwatch.record.probes.base import Probe
     from keras_memwatch.record.probes.host import HostProbe
@@ -171,7 +172,11 @@ def pipeline_cost(n: int, repeats: int) -> dict[str, Any]:
                                planned=("GPU:0",), per_step_peak=sampler.per_step_peak,
                                peak_at=sampler.peak_at)
         log = CsvLog(os.path.join(folder, f"{time.perf_counter_ns()}.csv")) if streamed else None
-        pipe = Pipeline(sampler, monitor, recorder, log, Planner(), 0, threading.Lock())
+        consumers = [("judge", BlockJudge(monitor, Planner())),
+                     ("record", recorder.extend)]
+        if log is not None:
+            consumers.append(("stream", LogStream(log, sampler)))
+        pipe = Pipeline(sampler, consumers)
         spent = 0
         for b in range(n // BLOCK * BLOCK):
             key = ("train", 0, b)

@@ -1,54 +1,44 @@
-"""MemWatch: the Keras callback. It only conducts: Keras hooks call the
-sampler, the spike monitor judges, the recorder and the log keep."""
+"""MemWatch: the Keras callback. It only conducts: each call of `fit`,
+`evaluate` or `predict` is a `CallSession` (probes, pipeline, judge, log,
+hooks); the results are read from the calls' records."""
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import logging
-import threading
-import time
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, Optional
 
 import keras
 import pandas as pd
 
 from keras_memwatch import options
-from keras_memwatch.record import batch_hooks
-from keras_memwatch.record.batch_shapes import BatchShapes
-from keras_memwatch.record.csvlog import PathLike, open_log
-from keras_memwatch.judge.derived import main_device, spike_table
-from keras_memwatch.judge.detector import SpikeSettings
-from keras_memwatch.judge.events import SpikeEvent
-from keras_memwatch.record.probes import resolve_probes
-from keras_memwatch.record.pipeline import Pipeline
-from keras_memwatch.configure.ranks import hostname, process_index_and_count
-from keras_memwatch.record.recorder import Recorder, concat_frames
-from keras_memwatch.explain.layers.growth import SpikeLayers
-from keras_memwatch.explain.report import summarize
-from keras_memwatch.record.sampler import Row, Sampler
-from keras_memwatch.judge.spikes import SpikeMonitor
 from keras_memwatch.files import open_new, refuse_existing
-from keras_memwatch.record.logs_metrics import LogsMetrics, add_metrics
-from keras_memwatch.record.tuner_trial import tuner_trial_id
-from keras_memwatch.judge.step_plan import PLAN_SOURCE, StepPlanner, attach_planner
+from keras_memwatch.judge.derived import spike_table
+from keras_memwatch.judge.events import SpikeEvent
+from keras_memwatch.judge.step_plan import PLAN_SOURCE
+from keras_memwatch.explain.report import summarize
+from keras_memwatch.record.batch_shapes import BatchShapes
+from keras_memwatch.record.csvlog import PathLike
+from keras_memwatch.record.probes import resolve_probes
+from keras_memwatch.record.recorder import concat_frames
+from keras_memwatch.record.sampler import Row, Sampler
+from keras_memwatch.session.call import CallRecord, CallSession
+from keras_memwatch.session.faults import Faults
+from keras_memwatch.session.settings import WatchSettings
 
 logger = logging.getLogger("keras_memwatch")
 
-#: The model's flag that stops each kind of call, and the call in words.
-_STOP_FLAGS = {"train": "stop_training", "test": "stop_evaluating",
-               "predict": "stop_predicting"}
-_CALL_NAMES = {"stop_training": "training", "stop_evaluating": "evaluation",
-               "stop_predicting": "prediction"}
 
+def _option(name: str) -> property:
+    """An option as a plain attribute, as Keras's callbacks keep theirs: a
+    new value is checked as `MemWatch(name=value)` checks it, and applies
+    from the next call."""
 
-class _Call(NamedTuple):
-    """One call of `fit`, `evaluate` or `predict` in a watch's record."""
+    def set_option(self: "MemWatch", value: Any) -> None:
+        self.settings = self.settings.replaced(name, value)
 
-    phase: str  # "train" for a fit
-    recorder: Recorder
-    monitor: SpikeMonitor
+    return property(lambda self: self.settings.option(name), set_option)
 
 
 def _never_raises(hook: Callable) -> Callable:
@@ -60,7 +50,7 @@ def _never_raises(hook: Callable) -> Callable:
         try:
             return hook(self, *args, **kwargs)
         except Exception as e:
-            self._fault(hook.__name__, e)
+            self._faults.report(hook.__name__, e)
 
     return guarded
 
@@ -180,17 +170,11 @@ class MemWatch(keras.callbacks.Callback):
     ):
         super().__init__()
         self.async_safe = _asynchronous_steps()
-        self.every_n_batches = options.positive_int("every_n_batches", every_n_batches)
-        self._settings = SpikeSettings.checked(window, threshold, min_delta_mb, warmup)
-        self.window, self.threshold, self.min_delta_mb, self.warmup = self._settings
-        self.log_path = options.log_path("log_path", log_path)
-        self.on_spike = options.optional_callable("on_spike", on_spike)
-        self.add_to_logs = options.boolean("add_to_logs", add_to_logs)
-        self.verbose = options.choice("verbose", verbose, (0, 1))
-        self.max_rows = None if max_rows is None else options.positive_int(
-            "max_rows", max_rows)
-        self._probes = resolve_probes(probes, keras.backend.backend())
+        self.settings = WatchSettings.checked(
+            every_n_batches, window, threshold, min_delta_mb, warmup, log_path,
+            on_spike, add_to_logs, verbose, max_rows)
         self._probes_option = probes
+        self._sampler = Sampler(resolve_probes(probes, keras.backend.backend()))
         self.memory_config = None
         if allow_growth is not None or memory_limit_mb is not None:
             from keras_memwatch.configure import configure_memory
@@ -198,19 +182,23 @@ class MemWatch(keras.callbacks.Callback):
             self.memory_config = configure_memory(
                 allow_growth=allow_growth, memory_limit_mb=memory_limit_mb)
         self.log_paths: list[str] = []
-        self._planner: Optional[StepPlanner] = None
-        self._plan_note = ""
         self.process, self.process_count, self.hostname = 0, 1, ""
-        self._sampler = Sampler(self._probes)
-        self._calls: list[_Call] = []  # the record: the last fit and the calls since
-        self._lock = threading.Lock()
-        self._pipe: Optional[Pipeline] = None
-        self._phase: Optional[str] = None  # of the call running: "train" for a fit
-        self._progress = batch_hooks.Progress()
-        self._faults: set[str] = set()
+        self._calls: list[CallRecord] = []  # the last fit and the calls since
+        self._session: Optional[CallSession] = None  # the call being watched
+        self._faults = Faults()
         self._shapes = BatchShapes()  # the input shapes a fit called the model with
-        self._layers: Optional[SpikeLayers] = None  # names a spike's layer
         self._by_layer: Optional[pd.DataFrame] = None  # the last `by_layer()`
+
+    every_n_batches = _option("every_n_batches")
+    window = _option("window")
+    threshold = _option("threshold")
+    min_delta_mb = _option("min_delta_mb")
+    warmup = _option("warmup")
+    log_path = _option("log_path")
+    on_spike = _option("on_spike")
+    add_to_logs = _option("add_to_logs")
+    verbose = _option("verbose")
+    max_rows = _option("max_rows")
 
     # -- copies ------------------------------------------------------------
 
@@ -227,14 +215,14 @@ class MemWatch(keras.callbacks.Callback):
         if not isinstance(probes, str):
             probes = [p if isinstance(p, str) else copy.deepcopy(p, memo)
                       for p in probes]
-        twin = _rebuilt(type(self), self._options(), probes, self.memory_config)
+        twin = _rebuilt(type(self), self.settings, probes, self.memory_config)
         memo[id(self)] = twin
         return twin
 
     def __reduce__(self) -> tuple:
         """Pickles a watch that has recorded nothing (as its options);
         refuses one that has, saying what to do instead."""
-        if self._calls or self._progress.recording:
+        if self._calls or self._session is not None:
             raise TypeError(
                 "Expected a MemWatch that has recorded nothing: its record, "
                 "threads and open probes cannot be pickled. Received: a watch "
@@ -242,18 +230,8 @@ class MemWatch(keras.callbacks.Callback):
                 "watch.to_dataframe() (or stream it with log_path=...) to send "
                 "the record, and copy.deepcopy(watch) or a new MemWatch(...) to "
                 "watch in another process.")
-        return (_rebuilt, (type(self), self._options(), self._probes_option,
+        return (_rebuilt, (type(self), self.settings, self._probes_option,
                            self.memory_config))
-
-    def _options(self) -> dict[str, Any]:
-        """The options a copy is made with (not `probes`, nor the memory
-        settings, which are applied once)."""
-        return dict(
-            every_n_batches=self.every_n_batches, window=self.window,
-            threshold=self.threshold, min_delta_mb=self.min_delta_mb,
-            warmup=self.warmup, log_path=self.log_path, on_spike=self.on_spike,
-            add_to_logs=self.add_to_logs, verbose=self.verbose,
-            max_rows=self.max_rows)
 
     # -- Keras hooks -------------------------------------------------------
 
@@ -262,95 +240,36 @@ class MemWatch(keras.callbacks.Callback):
 
     def on_test_begin(self, logs=None):
         # Keras's validation inside a fit is the fit's.
-        if not self._progress.recording:
+        if not self._recording():
             self._begin("test")
 
     def on_predict_begin(self, logs=None):
-        if not self._progress.recording:
+        if not self._recording():
             self._begin("predict")
 
     def _begin(self, phase: str) -> None:
-        """Starts recording a call: a fit starts a new record, `evaluate`
+        """Starts watching a call: a fit starts a new record, `evaluate`
         and `predict` add to it."""
         self._close()
-        self._faults = set()
+        self._faults.clear()
         if phase == "train":
-            self._calls = []
-            self._by_layer = None
-        call = len(self._calls)
-        devices = self._sampler.start()
-        self.process, self.process_count = process_index_and_count()
-        self.hostname = hostname()
-        recorder = Recorder(self.max_rows)
-        recorder.reset(self._sampler.device_columns, self.process, self.hostname,
-                       call)
-        planned: tuple[str, ...] = ()
-        if phase == "train":
-            self._planner, self._plan_note, planned = attach_planner(
-                self.model, self._shapes.note)
-            self._shapes.attach(self.model, _batches_seen(self.model, self._planner))
-            self._layers = SpikeLayers(lambda: self.model, self._shapes,
-                                       alert=self.verbose > 0)
-        monitor = SpikeMonitor(
-            devices, self._settings, alert=self.verbose > 0, planned=planned,
-            per_step_peak=self._sampler.per_step_peak,
-            peak_at=self._sampler.peak_at,
-            where=(f"process {self.process} on {self.hostname}: "
-                   if self.process_count > 1 else ""), call=call)
-        self._calls.append(_Call(phase, recorder, monitor))
-        log = None
-        if self.log_path is not None:
-            # One file per call and process; a name already taken (another
-            # process or job, an earlier call) gives the next free one.
-            trial = tuner_trial_id()
-            log = open_log(self.log_path, self.process, self.process_count,
-                           self.hostname, earlier=self.log_paths, call=call,
-                           trial=trial)
-            if log is not None:
-                self.log_paths.append(log.path)
-                if trial is not None:
-                    logger.info("KerasTuner trial %s: memory log %s", trial,
-                                log.path)
-        self._progress.epoch = 0
-        self._t0 = time.perf_counter()
-        primary = devices.index(main_device(devices)) if devices else 0
-        planner = self._planner if phase == "train" else None
-        self._pipe = Pipeline(self._sampler, monitor, recorder, log, planner,
-                              primary, self._lock, self._t0)
-        self._metrics = LogsMetrics(self._sampler, primary, planner,
-                                    in_order=not self.async_safe)
-        self._phase, self._progress.recording = phase, True
-        with self._lock:
-            first = self._sampler.read()
-            self._metrics.begin(first)
-            self._pipe.pending.append(((phase, 0, None), self._t0, first))
-        self._pipe.drain()
-        self._pipe.start()
-        self._install_hooks()
-
-    def _install_hooks(self) -> None:
-        """Puts this call's batch hooks in front of the methods below."""
-        spe = max(int(getattr(self.model, "steps_per_execution", 1) or 1), 1)
-        planner = self._pipe.planner
-        batch_hooks.install(self, batch_hooks.batch_hooks(
-            self._pipe, self._progress, self._sampler.read,
-            self._metrics if self.add_to_logs else None,
-            planner.expect if planner is not None else None,
-            self._shapes.name if self._shapes.per_batch else None,
-            self.every_n_batches, spe,
-            # Hooks on the training thread run in batch order: nothing to
-            # announce, and the batch-end hook can do the chores.
-            in_order=not self.async_safe, chores=self._chores, fault=self._fault))
+            self._calls, self._by_layer = [], None
+        session = CallSession(self, phase, len(self._calls), self.settings,
+                              self._sampler, self._shapes, self.log_paths,
+                              in_order=not self.async_safe, faults=self._faults)
+        self.process, self.process_count = session.process, session.process_count
+        self.hostname = session.hostname
+        self._calls.append(session.record)
+        self._session = session
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._progress.epoch = epoch
-        if self._pipe is not None:
-            self._pipe.epoch_peak = None
+        if self._session is not None:
+            self._session.begin_epoch(epoch)
 
-    # The batch hooks of a call are built and installed by `batch_hooks` at
-    # its begin, in front of these methods, which answer outside a call.
-    # They must exist: Keras keeps a callback that is not `async_safe` on the
-    # training thread only when it defines a batch-end hook.
+    # The batch hooks of a call are built and installed by its session, in
+    # front of these methods, which answer outside a call. They must exist:
+    # Keras keeps a callback that is not `async_safe` on the training thread
+    # only when it defines a batch-end hook.
 
     def on_train_batch_begin(self, batch, logs=None):
         """Nothing to do outside a fit."""
@@ -372,16 +291,12 @@ class MemWatch(keras.callbacks.Callback):
 
     @_never_raises
     def on_epoch_end(self, epoch, logs=None):
-        if self._phase != "train" or not self._progress.recording:
-            return
-        self._pipe.end_epoch(epoch)
-        if self.add_to_logs and logs is not None:
-            add_metrics(logs, self._pipe.epoch_peak, self._pipe.last_current)
-        self._deliver()
+        if self._recording("train"):
+            self._session.end_epoch(epoch, logs)
 
     @_never_raises
     def on_train_end(self, logs=None):
-        if self._phase != "train" or not self._progress.recording:
+        if not self._recording("train"):
             return
         self._finish()
         if self.verbose and self._calls and self._calls[0].recorder.total_samples:
@@ -389,82 +304,28 @@ class MemWatch(keras.callbacks.Callback):
 
     @_never_raises
     def on_test_end(self, logs=None):
-        if self._phase == "test" and self._progress.recording:
+        if self._recording("test"):
             self._finish()
 
     @_never_raises
     def on_predict_end(self, logs=None):
-        if self._phase == "predict" and self._progress.recording:
+        if self._recording("predict"):
             self._finish()
 
-    # -- during a call ----------------------------------------------------
-
-    def _chores(self) -> None:
-        """On the training thread: drains if the pipeline's thread fell
-        behind, and calls `on_spike` with the spikes found."""
-        pipe = self._pipe
-        if pipe.overdue:
-            pipe.drain()
-        if pipe.events:
-            self._deliver()
-
-    def _fault(self, where: str, error: Exception) -> None:
-        if where not in self._faults:
-            self._faults.add(where)
-            logger.warning("MemWatch %s failed (%r); training goes on", where,
-                           error, exc_info=True)
+    def _recording(self, phase: Optional[str] = None) -> bool:
+        """Whether a call (of `phase`, where given) is being watched."""
+        session = self._session
+        return (session is not None and session.recording
+                and (phase is None or session.phase == phase))
 
     def _finish(self) -> None:
-        """Ends a call: every sample recorded, on_spike called, all closed."""
-        self._progress.recording = False
-        self._pipe.stop()
-        if self._phase != "train":  # a fit closed its bursts at epoch end
-            self._pipe.monitor.end_epoch(0)
-        self._deliver()
-        self._close()
-
-    def _deliver(self) -> None:
-        """Calls `on_spike` on the training thread, where Keras expects
-        `stop_training` to be set (never from an async worker)."""
-        events = self._pipe.take_events() if self._pipe is not None else []
-        if self._shapes.per_batch:
-            events = [self._named(event) for event in events]
-        if self.on_spike is None:
-            return
-        for event in events:
-            try:
-                stop = self.on_spike(event)
-            except Exception as e:
-                logger.warning("on_spike raised %r; training goes on", e)
-                continue
-            if stop is True and self.model is not None:
-                flag = _STOP_FLAGS.get(self._phase or "train", "stop_training")
-                setattr(self.model, flag, True)
-                if self.verbose:
-                    logger.warning("on_spike returned True at epoch %s batch %s: "
-                                   "%s stops", event.epoch, event.batch,
-                                   _CALL_NAMES[flag])
-
-    def _named(self, event: SpikeEvent) -> SpikeEvent:
-        """The event with the layer that grew most, where its batch had an
-        unusual input shape."""
-        try:
-            found = self._layers.name(event)
-        except Exception as e:
-            self._fault("naming a spike's layer", e)
-            return event
-        return event if found is None else dataclasses.replace(event, layer=found.layer)
+        session, self._session = self._session, None
+        session.finish()
 
     def _close(self) -> None:
-        batch_hooks.remove(self)
-        self._shapes.detach()
-        if self._pipe is not None:
-            self._pipe.stop()
-            if self._pipe.log is not None:
-                self._pipe.log.close()
-        if self._planner is not None:
-            self._planner.detach()
-        self._sampler.close()
+        session, self._session = self._session, None
+        if session is not None:
+            session.close()
 
     # -- results -----------------------------------------------------------
 
@@ -479,8 +340,8 @@ class MemWatch(keras.callbacks.Callback):
         the README; bytes are nullable integers (`Int64`), missing where a
         source cannot give a value.
         """
-        if self._pipe is not None:
-            self._pipe.drain()
+        if self._session is not None:
+            self._session.drain()
         return concat_frames([c.recorder.to_dataframe() for c in self._calls])
 
     @property
@@ -492,22 +353,22 @@ class MemWatch(keras.callbacks.Callback):
     @property
     def training(self) -> bool:
         """Whether a fit is running (its probes are open)."""
-        return self._progress.recording and self._phase == "train"
+        return self._recording("train")
 
     @property
     def sources(self) -> dict[str, str]:
         """What each probe of the last call could see, or why it could not."""
         notes = dict(self._sampler.notes)
         fit = self._fit()
-        if self._planner is not None and fit is not None:
+        if fit is not None and fit.planner is not None:
             quiet = {d: n for d, n in zip(fit.monitor.devices,
                                           fit.monitor.compiling) if n}
-            notes[PLAN_SOURCE] = self._planner.describe(quiet)
-        elif self._plan_note and fit is not None:
-            notes[PLAN_SOURCE] = self._plan_note
+            notes[PLAN_SOURCE] = fit.planner.describe(quiet)
+        elif fit is not None and fit.plan_note:
+            notes[PLAN_SOURCE] = fit.plan_note
         return notes
 
-    def _fit(self) -> Optional[_Call]:
+    def _fit(self) -> Optional[CallRecord]:
         """The record's fit, or None."""
         first = self._calls[0] if self._calls else None
         return first if first is not None and first.phase == "train" else None
@@ -519,9 +380,9 @@ class MemWatch(keras.callbacks.Callback):
         use it where the call is over anyway: `guard()` calls it on an
         out-of-memory error. Returns `{}` when no call is running.
         """
-        if not self._progress.recording:
+        if not self._recording():
             return {}
-        return dict(zip(self._sampler.devices, self._pipe.read_now()))
+        return self._session.read_now()
 
     def breakdown(self, batch_size: Optional[int] = None) -> dict:
         """Where the memory went: weights, optimizer state and the
@@ -644,7 +505,7 @@ class MemWatch(keras.callbacks.Callback):
         """Ends a fit that raised: commits waiting samples, closes the
         probes and the streamed log. Keras skips `on_train_end` when `fit`
         raises; `guard()` calls this for you."""
-        if self._progress.recording:
+        if self._recording():
             self._finish()
         self._close()
 
@@ -684,17 +545,6 @@ class MemWatch(keras.callbacks.Callback):
             frame.to_parquet(f, index=False)
 
 
-def _batches_seen(model: Any, planner: Optional[StepPlanner]) -> str:
-    """How `BatchShapes` sees each training batch's inputs: from XLA's
-    planner (JAX), at each model call (PyTorch's eager steps), or not at all
-    (a compiled step calls the model only while it is traced)."""
-    if planner is not None:
-        return "note"
-    if keras.backend.backend() == "torch" and not getattr(model, "jit_compile", False):
-        return "call"
-    return ""
-
-
 def _asynchronous_steps() -> bool:
     """Whether batch hooks should leave the training thread (Keras's
     `async_safe`): yes where steps run asynchronously (a GPU, or JAX), no
@@ -708,11 +558,10 @@ def _asynchronous_steps() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def _rebuilt(cls: type, options: dict[str, Any], probes: Any,
+def _rebuilt(cls: type, settings: WatchSettings, probes: Any,
              memory_config: Any) -> MemWatch:
     """A watch copied or unpickled: its options, nothing recorded. Its
     `log_path` is not refused for existing: the log it wrote is one."""
-    log_path = options.pop("log_path")
-    watch = cls(**options, probes=probes)
-    watch.log_path, watch.memory_config = log_path, memory_config
+    watch = cls(**dict(settings.as_options(), log_path=None), probes=probes)
+    watch.settings, watch.memory_config = settings, memory_config
     return watch

@@ -53,6 +53,10 @@ CALL = "call"
 #: Columns with one value for all the rows of one call (of one log file).
 CALL_COLUMNS: tuple[str, ...] = PROCESS_COLUMNS + (CALL,)
 
+#: Seconds since the call began, and UNIX seconds: one time axis across
+#: calls and processes.
+TIME_S, TIMESTAMP = "time_s", "timestamp"
+
 #: Every DataFrame column, in order.
 COLUMNS: tuple[str, ...] = (
     "step",
@@ -60,7 +64,8 @@ COLUMNS: tuple[str, ...] = (
     "batch",
     "phase",
     "device",
-    "time_s",
+    TIME_S,
+    TIMESTAMP,
     "peak_bytes",
     "current_bytes",
     "baseline_bytes",
@@ -69,5 +74,8 @@ COLUMNS: tuple[str, ...] = (
 ) + SOURCE_COLUMNS + CALL_COLUMNS
 
 PHASES: tuple[str, ...] = ("train", "test", "predict")
+
+#: Where the bytes columns begin in `COLUMNS`.
+FIRST_BYTES = COLUMNS.index(TIMESTAMP) + 1
 
 HOST_DEVICE = "host"

@@ -28,8 +28,8 @@ def positive(x):
 
 def test_overhead_runs_every_available_arm():
     available = A.available_arms(gpu=False)
-    names = [a for a in ("none", "none_b", "memwatch", "sync", "stormlog")
-             if available[a] is None]
+    names = [a for a, why_not in available.items() if why_not is None]
+    assert set(A.ABLATIONS) <= set(names)  # each ablation runs on the CPU
     out = run_overhead("mlp", names, gpu=False, reps=1, steps=3, epochs=2)
     assert set(out["arms"]) == set(names)
     for arm in out["arms"].values():
@@ -184,3 +184,25 @@ def test_by_layer_check_splits_the_small_convnet_on_the_cpu():
     assert result["top_layers"][0]["layer"] in ("conv1", "conv2")
     assert 0 < result["layers_sum_bytes"] < result["working_bytes"]
     assert "Where a step's working memory goes" in proc.stderr
+
+
+def test_each_ablation_switches_its_part_off():
+    from conftest import tiny_data, tiny_model
+
+    Ablated = A.ablated_memwatch_class()
+    x, y = tiny_data(64)
+
+    def fit(ablation):
+        watch = Ablated(ablation)
+        history = tiny_model().fit(x, y, batch_size=16, epochs=1, verbose=0,
+                                   callbacks=[watch])
+        return watch, history.history
+
+    watch, _ = fit("memwatch_noproc")
+    assert watch.to_dataframe().empty  # reads taken, never processed
+    watch, history = fit("memwatch_nologs")
+    assert not watch.to_dataframe().empty and "mem_peak_mib" not in history
+    watch, _ = fit("memwatch_noplan")
+    assert "ablated" in watch.sources.get("xla plan", "ablated")
+    watch, _ = fit("memwatch_nothread")
+    assert len(watch.to_dataframe()["step"].unique()) == 5  # drained at the end

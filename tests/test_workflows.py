@@ -19,7 +19,7 @@ from keras_memwatch import MemWatch, load_log
 from keras_memwatch import columns as C
 from keras_memwatch.cli import main as cli
 from keras_memwatch.explain.report import report_text
-from keras_memwatch.record.batch_hooks import NAMES
+from keras_memwatch.session.batch_hooks import NAMES
 from keras_memwatch.record.probes.base import Probe
 from keras_memwatch.units import format_bytes
 
@@ -65,11 +65,12 @@ def test_a_deep_copy_is_a_new_watch_with_the_same_options(tmp_path):
         assert ([getattr(twin, o) for o in options]
                 == [getattr(watch, o) for o in options])
         assert twin.on_spike is watch.on_spike  # the user's callable, shared
-        assert isinstance(twin._probes[0], FakeProbe) and twin._probes[0] is not probe
+        copied = twin._sampler.probes[0]
+        assert isinstance(copied, FakeProbe) and copied is not probe
         assert twin.to_dataframe().empty and twin.spikes.empty
         assert twin.log_paths == [] and twin.model is None and not twin.training
         assert not any(name in vars(twin) for name in NAMES)
-        assert twin._lock is not watch._lock and twin._sampler is not watch._sampler
+        assert twin._sampler is not watch._sampler
     frame = watch.to_dataframe()
     fit(twin, epochs=1)
     assert len(twin.to_dataframe()) == 2 * 3  # two devices, train begin and 2 batches

@@ -8,7 +8,8 @@ model is called only while a step is traced, so this costs nothing per
 step; TensorFlow may trace with an unknown batch dimension (`None`).
 
 Where every batch's inputs are seen, it also keeps which signature each
-recent batch had, under the key the batch hooks name it by (`name`), and
+recent batch had, under the key the batch hooks name it by
+(`batch_begins`), and
 how many batches had each: PyTorch's eager steps call the model at every
 batch (a shape comparison each), and under JAX XLA's step planner hands
 it each batch it draws (`note`). `of(key)` and `usual` answer.
@@ -16,15 +17,27 @@ it each batch it draws (`note`). `of(key)` and `usual` answer.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Hashable
 from typing import Any, Optional
 
 from keras_memwatch.call_wrapping import elements, signature, unwrap_call, wrap_call
 
-__all__ = ["BatchShapes"]
+__all__ = ["BatchShapes", "BatchInputs"]
 
 #: Batches whose signature is kept: enough for spikes judged late.
 RECENT = 4096
+
+
+class BatchInputs(enum.Enum):
+    """How each training batch's inputs reach `BatchShapes`."""
+
+    #: The model is called at every batch (PyTorch's eager steps).
+    MODEL_CALL = "model call"
+    #: XLA's step planner hands `note` each batch it draws (JAX).
+    PLANNER = "planner"
+    #: Not at all: a compiled step calls the model only while it is traced.
+    UNSEEN = "unseen"
 
 
 class BatchShapes:
@@ -35,7 +48,7 @@ class BatchShapes:
             inputs' structure as `keras.KerasTensor`s, and their
             `((shape, dtype), ...)`.
         per_batch: whether each batch's signature is known.
-        key: the key of the batch running (set by `name`).
+        key: the key of the batch running (set by `batch_begins`).
         quiet: while True, calls of the model are not noted (a symbolic
             call of MemWatch's own).
     """
@@ -56,24 +69,24 @@ class BatchShapes:
         self._last: Any = None  # the first input's shape, of the last batch
         self._current: Optional[int] = None
 
-    def attach(self, model: Any, per_batch: str = "") -> None:
+    def attach(self, model: Any, inputs: BatchInputs = BatchInputs.UNSEEN) -> None:
         """Starts noting `model`'s input shapes (a new model forgets the
         shapes of the one before).
 
         Args:
             model: the Keras model.
-            per_batch: `"call"` where the model is called at every batch
-                (eager steps), `"note"` where `note` will be called with
-                each batch's inputs, `""` where no batch is seen.
+            inputs: how each batch's inputs are seen. Defaults to
+                `BatchInputs.UNSEEN`.
         """
         self.detach()
         if model is None:
             return
         if model is not self.model:
             self.seen, self._index = [], {}
-        self.model, self.per_batch = model, bool(per_batch)
+        self.model = model
+        self.per_batch = inputs is not BatchInputs.UNSEEN
         self._reset_batches()
-        every_call = per_batch == "call"
+        every_call = inputs is BatchInputs.MODEL_CALL
 
         def make(original: Any) -> Any:
             def call(*args: Any, **kwargs: Any) -> Any:
@@ -99,8 +112,8 @@ class BatchShapes:
             unwrap_call(self._token)
         self._token, self.per_batch = None, False
 
-    def name(self, key: Hashable) -> None:
-        """Names the batch whose step runs next (on the training thread)."""
+    def batch_begins(self, key: Hashable) -> None:
+        """Notes that the batch named `key` runs next (training thread)."""
         self.key = key
 
     def note(self, inputs: Any) -> None:

@@ -40,11 +40,13 @@ class Block:
 
     Attributes:
         step, epoch: int64 per sample.
-        batch: int64 per sample, `MISSING` for the train-begin sample.
+        batch: int64 per sample, `MISSING` for the sample at a call's start.
         phase: int8 per sample, an index into `PHASES`.
-        time_s: float64 per sample, seconds since train begin.
+        time_s: float64 per sample, seconds since the call began.
         tables: per device, its int64 table (see the module's docstring).
-        spikes: per device, a bool per sample.
+        spikes: per device, a bool per sample. Defaults to all `False`.
+        timestamp: float64 per sample, UNIX seconds. Defaults to missing
+            (NaN).
     """
 
     step: np.ndarray
@@ -53,7 +55,15 @@ class Block:
     phase: np.ndarray
     time_s: np.ndarray
     tables: list[np.ndarray]
-    spikes: list[np.ndarray]
+    spikes: list[np.ndarray] = dataclasses.field(default_factory=list)
+    timestamp: Optional[np.ndarray] = None
+
+    def __post_init__(self) -> None:
+        n = len(self.step)
+        if not self.spikes:
+            self.spikes = [np.zeros(n, bool) for _ in self.tables]
+        if self.timestamp is None:
+            self.timestamp = np.full(n, np.nan)
 
     def __len__(self) -> int:
         return len(self.step)

@@ -48,8 +48,9 @@ RANK_FIELD = "{rank}"
 MAX_NAMES = 100_000
 
 #: The columns a file must have to be read as a MemWatch log. Columns added
-#: later (`allocator_reserved_bytes`, `plan_bytes`, `process`, `hostname`)
-#: may be missing from older logs: they read as missing values (process 0).
+#: later (`allocator_reserved_bytes`, `plan_bytes`, `process`, `hostname`,
+#: `call`, `timestamp`) may be missing from older logs: they read as missing
+#: values (process 0, call 0).
 REQUIRED_COLUMNS: tuple[str, ...] = (
     "step", "epoch", "batch", "phase", "device", "time_s", "peak_bytes",
     "current_bytes", "baseline_bytes", "spike")
@@ -58,7 +59,7 @@ REQUIRED_COLUMNS: tuple[str, ...] = (
 LOG_COLUMN = "log"
 
 _HEADER = (",".join(C.COLUMNS) + "\n").encode()
-_BYTES_FIELDS = C.COLUMNS[C.COLUMNS.index("time_s") + 1:-len(C.CALL_COLUMNS)]
+_BYTES_FIELDS = C.COLUMNS[C.FIRST_BYTES:-len(C.CALL_COLUMNS)]
 _PARQUET_MAGIC = b"PAR1"
 
 
@@ -141,14 +142,16 @@ class CsvLog:
         n = len(block)
         if not n:
             return ""
-        seconds, micro = np.divmod(np.rint(block.time_s * 1e6).astype(np.int64),
-                                   1_000_000)
-        head = np.column_stack([block.step, block.epoch, block.batch, seconds, micro])
+        # A block has its timestamps (as the pipeline makes it) or none.
+        stamped = not np.isnan(block.timestamp).any()
+        head = np.column_stack([block.step, block.epoch, block.batch,
+                                *_seconds(block.time_s),
+                                *(_seconds(block.timestamp) if stamped else [])])
         numbers = []
         for table, spikes, names in zip(block.tables, block.spikes, columns):
             before, after = _present(tuple(names))
             numbers += [head, table[:, before], spikes[:, None], table[:, after]]
-        key = (tuple(devices), tuple(map(tuple, columns)))
+        key = (tuple(devices), tuple(map(tuple, columns)), stamped)
         lines = self._lines.get(key) or self._templates(key)
         phases = block.phase
         if (phases == phases[0]).all():
@@ -162,7 +165,8 @@ class CsvLog:
 
     def _templates(self, key: tuple) -> list[str]:
         """The `%` templates of one sample's lines, per phase."""
-        devices, columns = key
+        devices, columns, stamped = key
+        timestamp = "%d.%06d" if stamped else ""
         tail = self._tail.replace("%", "%%")
         lines = []
         for phase in C.PHASES:
@@ -171,7 +175,7 @@ class CsvLog:
                 fields = ",".join("%d" if n == "spike" or n in names else ""
                                   for n in _BYTES_FIELDS)
                 line += (f"%d,%d,%d,{phase},{device.replace('%', '%%')},%d.%06d,"
-                         f"{fields}{tail}")
+                         f"{timestamp},{fields}{tail}")
             lines.append(line)
         self._lines[key] = lines
         return lines
@@ -192,6 +196,11 @@ class CsvLog:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def _seconds(values: np.ndarray) -> list[np.ndarray]:
+    """Seconds as whole seconds and microseconds, for `%d.%06d`."""
+    return list(np.divmod(np.rint(values * 1e6).astype(np.int64), 1_000_000))
 
 
 def numbered(path: PathLike) -> Iterable[str]:

@@ -100,7 +100,8 @@ class Recorder:
         if len(block):
             with self._lock:
                 self._blocks.append([block.epoch, block.batch, block.phase,
-                                     block.time_s, *block.tables, *block.spikes])
+                                     block.time_s, block.timestamp, *block.tables,
+                                     *block.spikes])
 
     def __len__(self) -> int:
         with self._lock:
@@ -117,7 +118,7 @@ class Recorder:
         with self._lock:
             if not self.devices or not self._blocks.kept:
                 return empty_frame()
-            epoch, batch, phase, time_s, *rest = self._blocks.arrays()
+            epoch, batch, phase, time_s, timestamp, *rest = self._blocks.arrays()
             total = self._blocks.total
         d = len(self.devices)
         n = len(epoch)
@@ -126,8 +127,10 @@ class Recorder:
             "epoch": epoch,
             "batch": _nullable(batch),
             "phase": pd.Categorical.from_codes(phase, categories=list(C.PHASES)),
+            C.TIME_S: time_s,
+            C.TIMESTAMP: timestamp,
         }
-        frames = [self._device_frame(k, meta, time_s, table, spikes, names)
+        frames = [self._device_frame(k, meta, table, spikes, names)
                   for k, (table, spikes, names) in enumerate(zip(
                       rest[:d], rest[d:], self._columns))]
         frame = pd.concat(frames, ignore_index=True)
@@ -138,15 +141,15 @@ class Recorder:
             frame["device"].to_numpy(np.int16), categories=list(self.devices))
         return frame
 
-    def _device_frame(self, k: int, meta: dict, time_s: np.ndarray,
-                      table: np.ndarray, spikes: np.ndarray,
+    def _device_frame(self, k: int, meta: dict, table: np.ndarray,
+                      spikes: np.ndarray,
                       names: Sequence[str]) -> pd.DataFrame:
         """Device `k`'s rows; its `device` column is `k` (made categorical
         once the devices are interleaved)."""
         n = len(table)
         by_column = np.ascontiguousarray(table.T)  # a copy the frame owns
-        data: dict[str, object] = dict(meta, device=k, time_s=time_s)
-        for name in C.COLUMNS[6:-len(C.CALL_COLUMNS)]:
+        data: dict[str, object] = dict(meta, device=k)
+        for name in C.COLUMNS[C.FIRST_BYTES:-len(C.CALL_COLUMNS)]:
             if name == "spike":
                 data[name] = spikes
             elif name in names:
@@ -200,8 +203,9 @@ def normalize_dtypes(frame: pd.DataFrame) -> pd.DataFrame:
     out["phase"] = pd.Categorical(frame["phase"], categories=list(C.PHASES))
     devices = frame["device"].astype(str)
     out["device"] = pd.Categorical(devices, categories=pd.unique(devices))
-    out["time_s"] = frame["time_s"].astype(np.float64)
-    for name in C.COLUMNS[6:]:
+    out[C.TIME_S] = frame[C.TIME_S].astype(np.float64)
+    out[C.TIMESTAMP] = frame[C.TIMESTAMP].astype(np.float64)
+    for name in C.COLUMNS[C.FIRST_BYTES:]:
         if name in C.BYTES_COLUMNS:
             out[name] = frame[name].astype("Int64")
     out["spike"] = frame["spike"].astype(bool)

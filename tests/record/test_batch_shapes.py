@@ -4,7 +4,7 @@ import keras
 import numpy as np
 
 from keras_memwatch.record import batch_shapes
-from keras_memwatch.record.batch_shapes import BatchShapes
+from keras_memwatch.record.batch_shapes import BatchInputs, BatchShapes
 
 
 def model():
@@ -18,13 +18,13 @@ def batch(steps, size=4):
 
 def noted(shapes, batches, phase="train"):
     for i, x in enumerate(batches):
-        shapes.name((phase, 0, i))
+        shapes.batch_begins((phase, 0, i))
         shapes.note(x)
 
 
 def test_each_batch_has_its_signature_and_the_usual_is_the_most_common():
     shapes = BatchShapes()
-    shapes.attach(model(), per_batch="note")
+    shapes.attach(model(), BatchInputs.PLANNER)
     noted(shapes, [batch(8), batch(64), batch(8), batch(8), batch(64)])
     assert [found for _, found in shapes.seen] == [(((4, 8, 2), "float32"),),
                                                    (((4, 64, 2), "float32"),)]
@@ -34,16 +34,16 @@ def test_each_batch_has_its_signature_and_the_usual_is_the_most_common():
 
 def test_a_fit_of_one_signature_keeps_no_batches():
     shapes = BatchShapes()
-    shapes.attach(model(), per_batch="note")
+    shapes.attach(model(), BatchInputs.PLANNER)
     noted(shapes, [batch(8)] * 3)
     assert shapes.of(("train", 0, 1)) is None and shapes.usual == 0
 
 
 def test_steps_of_one_execution_keep_the_largest():
     shapes = BatchShapes()
-    shapes.attach(model(), per_batch="note")
+    shapes.attach(model(), BatchInputs.PLANNER)
     noted(shapes, [batch(8)])
-    shapes.name(("train", 0, 3))  # one execution of three steps
+    shapes.batch_begins(("train", 0, 3))  # one execution of three steps
     for steps in (8, 64, 16):
         shapes.note(batch(steps))
     assert shapes.seen[shapes.of(("train", 0, 3))][1] == (((4, 64, 2), "float32"),)
@@ -52,7 +52,7 @@ def test_steps_of_one_execution_keep_the_largest():
 def test_only_the_recent_batches_are_kept(monkeypatch):
     monkeypatch.setattr(batch_shapes, "RECENT", 4)
     shapes = BatchShapes()
-    shapes.attach(model(), per_batch="note")
+    shapes.attach(model(), BatchInputs.PLANNER)
     noted(shapes, [batch(8), batch(64)] * 4)
     assert [shapes.of(("train", 0, i)) for i in range(8)] == [None] * 4 + [0, 1, 0, 1]
 
@@ -60,10 +60,10 @@ def test_only_the_recent_batches_are_kept(monkeypatch):
 def test_calls_are_noted_per_batch_or_at_traces_and_the_model_let_go():
     m = model()
     shapes = BatchShapes()
-    shapes.attach(m, per_batch="call")
-    shapes.name(("train", 0, 0))
+    shapes.attach(m, BatchInputs.MODEL_CALL)
+    shapes.batch_begins(("train", 0, 0))
     m(batch(8))
-    shapes.name(("train", 0, 1))
+    shapes.batch_begins(("train", 0, 1))
     m(batch(64))
     assert shapes.of(("train", 0, 1)) == 1 and shapes.per_batch
     shapes.quiet = True

@@ -58,8 +58,9 @@ def test_missing_values_are_empty_fields_and_times_keep_microseconds(tmp_path):
     log, _ = write_both(tmp_path / "m.csv", 2)
     log.close()
     first = (tmp_path / "m.csv").read_text().splitlines()[1]
-    # step, epoch, no batch, phase, device, time, peak, current, no baseline
-    assert first.startswith("0,0,,train,GPU:0,0.000000,200,100,,0,,100,200,,,")
+    # step, epoch, no batch, phase, device, time, no timestamp (a block made
+    # without one), peak, current, no baseline
+    assert first.startswith("0,0,,train,GPU:0,0.000000,,200,100,,0,,100,200,,,")
 
 
 def test_each_sample_is_on_disk_before_the_next(tmp_path):

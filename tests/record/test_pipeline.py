@@ -1,8 +1,8 @@
-"""The pipeline judges, records and streams off the hot path, within its bounds."""
+"""The pipeline hands blocks to its consumers off the hot path, within its
+bounds, in the order read; a consumer that fails loses no row."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import keras
@@ -12,6 +12,7 @@ from keras_memwatch import MemWatch, load_log
 from keras_memwatch.record.pipeline import Pipeline
 from keras_memwatch.record.recorder import Recorder
 from keras_memwatch.record.sampler import Sampler
+from keras_memwatch.judge.block_judge import BlockJudge
 from keras_memwatch.judge.detector import SpikeSettings
 from keras_memwatch.judge.spikes import SpikeMonitor
 
@@ -24,10 +25,10 @@ def started(values, interval_s=0.05, block=128):
     recorder = Recorder()
     recorder.reset(sampler.device_columns)
     monitor = SpikeMonitor(devices, SpikeSettings(50, 1.5, 64, 5), alert=False)
-    lock = threading.Lock()
-    pipe = Pipeline(sampler, monitor, recorder, None, None, 0, lock,
+    pipe = Pipeline(sampler, [("judge samples", BlockJudge(monitor)),
+                              ("record samples", recorder.extend)],
                     interval_s=interval_s, block=block)
-    return pipe, sampler, recorder, lock
+    return pipe, sampler, recorder, pipe.lock
 
 
 def put(pipe, sampler, lock, batch):
@@ -52,7 +53,7 @@ def test_a_fault_in_judging_loses_no_row(memwatch_logs):
     def broken(*args):
         raise RuntimeError("judging broke")
 
-    pipe.monitor.judge = broken
+    pipe.consumers[0] = pipe.consumers[0]._replace(take=broken)
     for batch in range(20):
         put(pipe, sampler, lock, batch)
         if batch % 7 == 6:
@@ -62,6 +63,17 @@ def test_a_fault_in_judging_loses_no_row(memwatch_logs):
     assert frame["batch"].tolist() == list(range(20))
     assert frame["baseline_bytes"].isna().all()
     assert memwatch_logs.text.count("could not judge samples") == 1
+
+
+def test_blocks_carry_seconds_since_the_call_began_and_unix_timestamps():
+    pipe, sampler, recorder, lock = started([(MIB, MIB)] * 3)
+    pipe.t0, pipe.wall_t0 = 100.0, 1.7e9
+    with lock:
+        pipe.pending.append((("train", 0, 0), 100.25, sampler.read()))
+    pipe.drain()
+    frame = recorder.to_dataframe()
+    assert frame["time_s"].tolist() == [0.25]
+    assert frame["timestamp"].tolist() == [1.7e9 + 0.25]
 
 
 def test_the_thread_drains_within_its_interval_without_being_asked():

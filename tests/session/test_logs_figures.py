@@ -4,7 +4,7 @@ import pytest
 
 from conftest import FakeProbe
 from keras_memwatch.judge.step_plan import StepPlan
-from keras_memwatch.record.logs_metrics import LogsMetrics
+from keras_memwatch.session.logs_figures import LogsFigures
 from keras_memwatch.record.sampler import Sampler
 
 MIB = 2**20
@@ -14,12 +14,12 @@ KEY = ("train", 0, 0)
 def metrics_of(*probes, planner=None, in_order=True):
     sampler = Sampler(list(probes))
     sampler.start()
-    return sampler, LogsMetrics(sampler, 0, planner, in_order)
+    return sampler, LogsFigures(sampler, 0, planner, in_order)
 
 
 def logged(metrics, key, raw):
     logs = {}
-    metrics.add(key, metrics.take(key, raw), logs)
+    metrics.fill_batch(key, metrics.figures_of(key, raw), logs)
     return logs
 
 
@@ -35,7 +35,7 @@ def test_figures_are_the_main_device_current_and_peak_never_below_it(current, pe
 def test_a_reading_that_is_not_a_byte_count_leaves_its_figure_out(reading):
     sampler, metrics = metrics_of(FakeProbe([reading]))
     logs = {"loss": 1.0}
-    metrics.add(KEY, metrics.take(KEY, sampler.read()), logs)
+    metrics.fill_batch(KEY, metrics.figures_of(KEY, sampler.read()), logs)
     assert set(logs) <= {"loss", "mem_peak_mib"}
     assert all(isinstance(v, float) and v >= 0 for v in logs.values())
 
@@ -66,7 +66,7 @@ def test_hooks_out_of_order_log_their_own_batchs_read_or_a_prior_one():
         in_order=False)
     k0, k1, k2 = keys(0, 1, 2)
     for key in (k0, k1, k2):
-        metrics.announce(key)
+        metrics.batch_begins(key)
     assert logged(metrics, k0, sampler.read()) == {
         "mem_peak_mib": 10.0, "mem_current_mib": 10.0}
     # Batch 2's own read is not taken yet: batch 1's figures, named so.
@@ -82,13 +82,13 @@ def test_figures_go_to_their_batch_whichever_hook_logs_first():
     sampler, metrics = metrics_of(
         FakeProbe([(10 * MIB, 10 * MIB), (20 * MIB, 20 * MIB)]), in_order=False)
     k0, k1 = keys(0, 1)
-    metrics.announce(k0)
-    metrics.announce(k1)
-    first = metrics.take(k1, sampler.read())
-    second = metrics.take(k0, sampler.read())
+    metrics.batch_begins(k0)
+    metrics.batch_begins(k1)
+    first = metrics.figures_of(k1, sampler.read())
+    second = metrics.figures_of(k0, sampler.read())
     late, early = {}, {}
-    metrics.add(k0, second, early)
-    metrics.add(k1, first, late)
+    metrics.fill_batch(k0, second, early)
+    metrics.fill_batch(k1, first, late)
     assert early == {"mem_peak_mib": 10.0, "mem_current_mib": 10.0}
     assert late == {"mem_peak_mib_prior_batch": 10.0,
                     "mem_current_mib_prior_batch": 10.0}
@@ -111,7 +111,7 @@ def test_on_jax_the_peak_is_the_settled_in_use_plus_the_plan():
                        (100 * MIB, None)])
     probe.peak_per_sample = False
     sampler, metrics = metrics_of(probe, planner=Plans(40 * MIB))
-    metrics.begin(sampler.read())
+    metrics.first_read(sampler.read())
     peaks = [logged(metrics, key, sampler.read())["mem_peak_mib"]
              for key in keys(0, 1, 2)]
     assert peaks == [140.0, 140.0, 140.0]

@@ -1,7 +1,10 @@
-"""`mem_peak_mib` and `mem_current_mib` for Keras's batch and epoch logs.
+"""`mem_peak_mib` and `mem_current_mib` for Keras's batch and epoch logs:
+the one home of the figures MemWatch adds to `logs`.
 
-Filled on the hot path from the raw reads of the main device (no rows are
-built there), so the progress bar, `History` and `CSVLogger` show them.
+A batch's figures are filled on the hot path from the raw reads of the main
+device (no rows are built there), so the progress bar, `History` and
+`CSVLogger` show them; an epoch's are its highest training peak and the
+memory in use at its last sample, followed on the recorded blocks.
 
 A batch's figures are those of the read its row in the record gets. Where
 batch-end hooks run on Keras's worker threads (JAX, a GPU), they can run
@@ -17,10 +20,13 @@ latest batch whose read is known under `mem_peak_mib_prior_batch` and
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from keras_memwatch.judge.derived import SettledInUse
 from keras_memwatch.judge.step_plan import StepPlanner
+from keras_memwatch.record.block import CURRENT as CURRENT_AT
+from keras_memwatch.record.block import PEAK as PEAK_AT
+from keras_memwatch.record.block import PHASE_CODES, Block, optional
 from keras_memwatch.record.sampler import Sampler
 from keras_memwatch.units import MIB
 
@@ -30,15 +36,29 @@ PRIOR_PEAK, PRIOR_CURRENT = PEAK + "_prior_batch", CURRENT + "_prior_batch"
 
 Figures = tuple[Optional[int], Optional[int]]  # (peak, current) in bytes
 
+_TRAIN = PHASE_CODES["train"]
 
-class LogsMetrics:
-    """The main device's figures per batch, for Keras's batch logs.
 
-    Call `begin(raw)` with the read at the start of a call, `announce(key)`
-    on the training thread as each sampled batch begins (where hooks may
-    run out of order), `take(key, raw)` right after each read, holding the
-    lock the reads are taken under (so in read order), and `add(key,
-    ticket, logs)` with what `take` returned, to fill the batch's logs.
+class ReadFigures(NamedTuple):
+    """The figures of one read, and its place among the call's reads."""
+
+    index: int
+    figures: Figures
+
+
+class LogsFigures:
+    """The main device's figures, for Keras's batch and epoch logs.
+
+    Per batch: call `first_read(raw)` with the read at the start of a call,
+    `batch_begins(key)` on the training thread as each sampled batch begins
+    (where hooks may run out of order), `figures_of(key, raw)` right after
+    each read, holding the lock the reads are taken under (so in read
+    order), and `fill_batch(key, read, logs)` with what `figures_of`
+    returned.
+
+    Per epoch: the object is a pipeline consumer (`track(block)`) that
+    follows the training rows; `new_epoch()` at each epoch's start and
+    `fill_epoch(logs)` at its end.
 
     Where one probe gives both the current bytes and a peak per step (the
     usual case), the figures of a read are two look-ups. On JAX, without a
@@ -65,6 +85,9 @@ class LogsMetrics:
         self._reads = 0
         self._settled: Optional[SettledInUse] = None
         self._figures_of: Callable[[Hashable, list], Figures] = _no_figures
+        self._primary = primary
+        self.epoch_peak: Optional[int] = None
+        self.last_current: Optional[int] = None
         if not sampler.devices:
             return
         device = sampler.slots[primary]
@@ -82,38 +105,58 @@ class LogsMetrics:
         else:
             self._settled = SettledInUse()
 
-    def begin(self, raw: list) -> None:
+    def first_read(self, raw: list) -> None:
         """Takes the read at the start of the call (the memory in use
         before its first batch)."""
         if self._settled is not None:
             self._settled.push(_bytes(self._current(raw)))
 
-    def announce(self, key: Hashable) -> None:
+    def batch_begins(self, key: Hashable) -> None:
         """Notes that the batch named `key` begins (training thread)."""
         position = self._begun
         self._positions[key] = position
         self._keys[position] = key
         self._begun = position + 1
 
-    def take(self, key: Hashable, raw: list) -> tuple[int, Figures]:
-        """Works out the figures of a read; returns the ticket for `add`:
-        the read's index and figures. Call in read order."""
+    def figures_of(self, key: Hashable, raw: list) -> ReadFigures:
+        """Works out the figures of a read, for `fill_batch`. Call in read
+        order."""
         index = self._reads
         self._reads = index + 1
         figures = self._figures[index] = self._figures_of(
             self._keys.pop(index, key), raw)
-        return index, figures
+        return ReadFigures(index, figures)
 
-    def add(self, key: Hashable, ticket: tuple[int, Figures], logs: dict) -> None:
+    def fill_batch(self, key: Hashable, read: ReadFigures, logs: dict) -> None:
         """Puts the batch's figures into its logs, or, where its read is not
         taken yet, those of the read just taken (the latest batch whose
         read is known) under the `_prior_batch` names."""
-        index, figures = ticket
+        index, figures = read
         position = index if self._in_order else self._positions.pop(key, index)
         if position <= index:
             add_metrics(logs, *self._figures.pop(position, (None, None)))
         else:
             add_metrics(logs, *figures, PRIOR_PEAK, PRIOR_CURRENT)
+
+    def track(self, block: Block) -> None:
+        """Follows the main device's training rows of a recorded block."""
+        if not block.tables:
+            return
+        table = block.tables[self._primary][block.phase == _TRAIN]
+        if not len(table):
+            return
+        self.last_current = optional(table[-1, CURRENT_AT])
+        peak = int(table[:, PEAK_AT].max())
+        if peak >= 0 and (self.epoch_peak is None or peak > self.epoch_peak):
+            self.epoch_peak = peak
+
+    def new_epoch(self) -> None:
+        """Starts following a new epoch's peak."""
+        self.epoch_peak = None
+
+    def fill_epoch(self, logs: dict) -> None:
+        """Puts the epoch's peak and last in-use figures into its logs."""
+        add_metrics(logs, self.epoch_peak, self.last_current)
 
     def _measured(self, key: Hashable, raw: list) -> Figures:
         current, peak = _bytes(self._current(raw)), _bytes(self._peak(raw))

@@ -8,24 +8,25 @@ directly, with no dispatch in between.
 
 - A batch-end hook reads the probes and hands the raw readings to the
   pipeline, in the order read, with the batch's key; it fills Keras's logs
-  (`LogsMetrics`). Nothing else: the pipeline's thread judges, records and
+  (`LogsFigures`). Nothing else: the pipeline's thread judges, records and
   streams.
 - Where batch-end hooks run on Keras's worker threads (`async_safe`), the
   batch-begin hook, on the training thread, announces each sampled batch in
   batch order (the pipeline's `Sequencer` pairs it with a read) and names
   the training batch XLA's planner sees. Otherwise batch-end hooks run in
   order and the begin hook does nothing.
-- On the training thread, a hook does the chores: it drains the pipeline
-  when its thread fell behind, and calls `on_spike` with the spikes found.
+- On the training thread, a hook catches up when the call is behind: it
+  drains the pipeline when its thread fell behind, and delivers the spikes
+  found.
 """
 
 from __future__ import annotations
 
 from time import perf_counter
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
-from keras_memwatch.record.logs_metrics import LogsMetrics
 from keras_memwatch.record.pipeline import Pipeline
+from keras_memwatch.session.logs_figures import LogsFigures
 
 #: The callback's methods these hooks stand in for during a call.
 NAMES = ("on_train_batch_begin", "on_train_batch_end",
@@ -33,56 +34,50 @@ NAMES = ("on_train_batch_begin", "on_train_batch_end",
          "on_predict_batch_begin", "on_predict_batch_end")
 
 
-class Progress:
-    """Where a watch's call stands: moved by the callback, read by its hooks.
+class CallStatus(Protocol):
+    """Where a call stands, as the hooks read it: whether it is recording,
+    and its epoch."""
 
-    Attributes:
-        recording: whether a call is being recorded.
-        epoch: the epoch running.
-    """
-
-    __slots__ = ("recording", "epoch")
-
-    def __init__(self) -> None:
-        self.recording = False
-        self.epoch = 0
+    recording: bool
+    epoch: int
 
 
-def batch_hooks(pipe: Pipeline, progress: Progress, read: Callable[[], list],
-                figures: Optional[LogsMetrics],
+def batch_hooks(pipe: Pipeline, status: CallStatus, read: Callable[[], list],
+                figures: Optional[LogsFigures],
                 plans: Optional[Callable[[Optional[tuple]], None]],
                 name_batch: Optional[Callable[[tuple], None]],
                 every_n: int, steps_per_execution: int, in_order: bool,
-                chores: Callable[[], None],
+                behind: Callable[[], bool], catch_up: Callable[[], None],
                 fault: Callable[[str, Exception], None]) -> dict[str, Callable]:
     """The call's batch hooks, by the name of the method each stands in for.
 
     Args:
         pipe: the call's started pipeline; the hooks append to its
             `pending`, holding its `lock`.
-        progress: whether the call is recording, and its epoch.
+        status: whether the call is recording, and its epoch.
         read: reads every probe (`Sampler.read`).
         figures: puts each batch's figures into Keras's logs, or `None`.
         plans: names the training batch whose step runs next (XLA's
             planner), or `None`.
         name_batch: names every batch whose step runs next, sampled or
-            not, by the key a sample of it would have (`BatchShapes.name`),
-            or `None`.
+            not, by the key a sample of it would have
+            (`BatchShapes.remember_batch`), or `None`.
         every_n: sample every n-th batch.
         steps_per_execution: batches one call of the step function runs
             (a hook sees only the last).
         in_order: whether Keras runs the batch-end hooks in order on the
             training thread.
-        chores: on the training thread, when `pipe.chores_due()`: drains
-            and calls `on_spike`.
+        behind: whether the call has work for the training thread.
+        catch_up: does it, on the training thread: drains the pipeline and
+            delivers the spikes found.
         fault: reports a fault of a hook once (`fault(where, error)`);
             training goes on.
     """
     pending, expect, wake, lock = pipe.pending, pipe.expect, pipe.wake, pipe.lock
-    block, chores_due = pipe.block, pipe.chores_due
-    take = figures.take if figures is not None else None
-    add = figures.add if figures is not None else None
-    announce = figures.announce if figures is not None else None
+    block = pipe.block
+    figures_of = figures.figures_of if figures is not None else None
+    fill_batch = figures.fill_batch if figures is not None else None
+    batch_begins = figures.batch_begins if figures is not None else None
     spe = steps_per_execution
     every = every_n == 1 and spe == 1
 
@@ -92,21 +87,22 @@ def batch_hooks(pipe: Pipeline, progress: Progress, read: Callable[[], list],
 
     def end_hook(phase: str) -> Callable:
         def on_batch_end(batch: int, logs: Optional[dict] = None) -> None:
-            if not progress.recording:
+            if not status.recording:
                 return
             try:
-                if in_order and chores_due():
-                    chores()
+                if in_order and behind():
+                    catch_up()
                 if every or due(batch):
-                    key = (phase, progress.epoch, batch)
+                    key = (phase, status.epoch, batch)
                     with lock:  # appended in the order read
                         raw = read()
-                        ticket = take(key, raw) if take is not None else None
+                        read_figures = (figures_of(key, raw)
+                                        if figures_of is not None else None)
                         pending.append((key, perf_counter(), raw))
                     if len(pending) >= block:
                         wake()
-                    if ticket is not None and logs is not None:
-                        add(key, ticket, logs)
+                    if read_figures is not None and logs is not None:
+                        fill_batch(key, read_figures, logs)
             except Exception as e:
                 fault("on_batch_end", e)
 
@@ -114,20 +110,20 @@ def batch_hooks(pipe: Pipeline, progress: Progress, read: Callable[[], list],
 
     def begin_hook(phase: str, name_step: Optional[Callable]) -> Callable:
         def on_batch_begin(batch: int, logs: Optional[dict] = None) -> None:
-            if not progress.recording:
+            if not status.recording:
                 return
             try:
-                if chores_due():
-                    chores()
+                if behind():
+                    catch_up()
                 last = batch + spe - 1
-                named = (phase, progress.epoch, last)
+                named = (phase, status.epoch, last)
                 if name_batch is not None:
                     name_batch(named)
                 key = named if every or due(last) else None
                 if key is not None:
                     expect(key)
-                    if announce is not None:
-                        announce(key)
+                    if batch_begins is not None:
+                        batch_begins(key)
                 if name_step is not None:
                     name_step(key)
             except Exception as e:
@@ -137,8 +133,8 @@ def batch_hooks(pipe: Pipeline, progress: Progress, read: Callable[[], list],
 
     def name_hook(phase: str) -> Callable:
         def on_batch_begin(batch: int, logs: Optional[dict] = None) -> None:
-            if progress.recording:
-                name_batch((phase, progress.epoch, batch + spe - 1))
+            if status.recording:
+                name_batch((phase, status.epoch, batch + spe - 1))
 
         return on_batch_begin
 

@@ -5,7 +5,7 @@ import pytest
 
 from conftest import tiny_data, tiny_model
 from keras_memwatch import MemWatch
-from keras_memwatch.record.batch_hooks import NAMES
+from keras_memwatch.session.batch_hooks import NAMES
 
 
 def fit(watch, callbacks=(), epochs=1, n=64):
