@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _PUBLIC = {
     "CapacityEstimate": "keras_memwatch.capacity",
@@ -28,10 +28,12 @@ _PUBLIC = {
     "SpikeEvent": "keras_memwatch.judge.events",
     "configure_memory": "keras_memwatch.configure",
     "estimate_max_batch_size": "keras_memwatch.capacity",
-    "load_log": "keras_memwatch.record.csvlog",
+    "load_log": "keras_memwatch.record.log_reader",
     "memory_by_layer": "keras_memwatch.explain.layers",
     "oom_guard": "keras_memwatch.explain.guard",
     "plot_by_layer": "keras_memwatch.explain.plot",
+    "Probe": "keras_memwatch.record.probes.base",
+    "ProbeUnavailable": "keras_memwatch.record.probes.base",
 }
 
 __all__ = sorted(_PUBLIC)
@@ -44,7 +46,8 @@ if TYPE_CHECKING:
     from keras_memwatch.explain.layers import memory_by_layer
     from keras_memwatch.callback import MemWatch
     from keras_memwatch.configure import configure_memory
-    from keras_memwatch.record.csvlog import load_log
+    from keras_memwatch.record.log_reader import load_log
+    from keras_memwatch.record.probes.base import Probe, ProbeUnavailable
     from keras_memwatch.judge.detector import SpikeDetector
     from keras_memwatch.judge.events import SpikeEvent
 

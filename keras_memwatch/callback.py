@@ -133,6 +133,16 @@ class MemWatch(keras.callbacks.Callback):
             memory (the streamed log stays complete), or all when `None`.
             Defaults to `None`.
 
+    Attributes:
+        settings: the checked options (`WatchSettings`); each option is
+            also an attribute of its own (`watch.window`, ...), and setting
+            one checks it and applies from the next call.
+        log_paths: the files this watch streamed to, one per call.
+        memory_config: what `allow_growth` / `memory_limit_mb` applied, or
+            `None`.
+        process, process_count, hostname: which process of how many wrote
+            the record, and where.
+
     Raises:
         ValueError, TypeError: for a bad option, before training starts.
         FileExistsError: if `log_path` exists, for a single process and a

@@ -154,38 +154,3 @@ def batch_sizes(name: str, value: Any) -> list[int]:
     if min(sizes, default=0) < 1 or len(set(sizes)) < 2:
         raise expected(name, what, value)
     return sorted({int(s) for s in sizes})
-
-
-def log_path(name: str, value: Any) -> Optional[str]:
-    """A new `.csv` file in an existing, writable folder.
-
-    `{rank}` in the path stands for the process index (each process of a
-    distributed run writes its own file). An existing file is refused here
-    only for one process and a path without `{rank}`: where several
-    processes train, each takes its own name at train begin (`mem.csv` ->
-    `mem.rank{N}.csv`, the next free number if that is taken too), so that
-    no process fails alone while the others wait for it.
-    """
-    if path(name, value, optional=True) is None:
-        return None
-    from keras_memwatch.record.csvlog import RANK_FIELD
-    from keras_memwatch.configure.ranks import process_index_and_count
-
-    full = os.path.abspath(os.fspath(value))
-    if not full.lower().endswith(".csv"):
-        raise expected(name, "a path ending in .csv", value)
-    process, count = process_index_and_count()
-    folder = os.path.dirname(full.replace(RANK_FIELD, str(process)))
-    if not os.path.isdir(folder):
-        raise expected(name, f"a path in an existing folder ({folder} does not exist)",
-                       value)
-    if not os.access(folder, os.W_OK):
-        raise expected(name, f"a path in a writable folder ({folder} is not writable)",
-                       value)
-    if RANK_FIELD not in full and count == 1 and os.path.lexists(full):
-        raise FileExistsError(
-            f"Expected `{name}` to be a new file: MemWatch never overwrites a "
-            f"log. Received: {name}={value!r}, which exists. Delete it or "
-            "choose another path."
-        )
-    return full

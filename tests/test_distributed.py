@@ -36,7 +36,9 @@ def second_of_two(monkeypatch):
     """This process is process 1 of 2, as `ranks` would find it under
     `jax.distributed`, `TF_CONFIG` or `torch.distributed`."""
     monkeypatch.setattr("keras_memwatch.configure.ranks.process_index_and_count", lambda: (1, 2))
-    monkeypatch.setattr("keras_memwatch.callback.process_index_and_count",
+    monkeypatch.setattr("keras_memwatch.record.csvlog.process_index_and_count",
+                        lambda: (1, 2))
+    monkeypatch.setattr("keras_memwatch.session.call.process_index_and_count",
                         lambda: (1, 2))
 
 

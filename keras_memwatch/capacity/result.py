@@ -6,7 +6,8 @@ import dataclasses
 from typing import Any, Optional
 
 from keras_memwatch import options
-from keras_memwatch.capacity.evidence import AIMED, Evidence, Observation
+from keras_memwatch.capacity.evidence import AIMED, PLAN, Evidence, Observation
+from keras_memwatch.deprecation import deprecated
 from keras_memwatch.units import format_bytes
 
 
@@ -120,6 +121,35 @@ class CapacityEstimate:
         """The largest batch observed to run."""
         return max((o.batch_size for o in self.evidence.observations
                     if o.ran and not self.evidence.failed(o)), default=None)
+
+    # -- names that go in the next release -----------------------------------
+
+    @property
+    def measurements(self) -> tuple[tuple[int, int], ...]:
+        """Deprecated since 0.2.0, removed in 0.3.0: read `evidence`.
+
+        `(batch_size, need_bytes)` of each size observed to run, by size.
+        """
+        deprecated("CapacityEstimate.measurements",
+                    "estimate.evidence.observations (or estimate.to_dataframe())")
+        needs = {o.batch_size: o.need_bytes for o in self.evidence.observations
+                 if o.ran and o.need_bytes is not None}
+        return tuple(sorted(needs.items()))
+
+    @property
+    def method(self) -> str:
+        """Deprecated since 0.2.0, removed in 0.3.0: read `measured_by`, or
+        each observation's `how`.
+
+        `"xla"` where XLA's plans measured the need, `"reserved"` where
+        PyTorch's allocator on a GPU did, else `"probes"`.
+        """
+        deprecated("CapacityEstimate.method",
+                    "estimate.measured_by, or the `how` of each observation in "
+                    "estimate.evidence")
+        if any(o.how in (PLAN, AIMED) for o in self.evidence.observations):
+            return "xla"
+        return "reserved" if self.device != "host" and self.backend == "torch" else "probes"
 
     def to_dataframe(self) -> Any:
         """The observations as a `pandas.DataFrame`: `batch_size`,

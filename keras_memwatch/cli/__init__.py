@@ -207,7 +207,7 @@ def _report(args: argparse.Namespace) -> int:
     """Bad input (a missing file, a file that is not a MemWatch log, a
     --plot path that cannot be written) is one line on stderr naming the
     argument and the fix, and exit status 2, checked before any output."""
-    from keras_memwatch.record.csvlog import NotALogError, load_log
+    from keras_memwatch.record.log_reader import NotALogError, load_log
     from keras_memwatch.explain.report import report_text
 
     def refuse(message: str) -> int:

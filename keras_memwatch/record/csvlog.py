@@ -1,5 +1,5 @@
 """The streamed CSV log: written a block of samples at a time, read back by
-`load_log`.
+`log_reader.load_log`.
 
 Each block of rows goes to the kernel in one unbuffered `write` (the
 pipeline writes one at least every 0.1 s while training runs), so a crash
@@ -14,27 +14,24 @@ writers can never end up with the same file.
 
 With several processes, each writes its own file: `log_path_for` turns
 `mem.csv` into `mem.rank{N}.csv`, or replaces `{rank}` where the path has
-it. `load_log` reads one log, several, or a glob of them, into one frame.
+it.
 """
 
 from __future__ import annotations
 
-import errno
 import functools
-import glob
-import io
 import logging
 import os
 import re
 from collections.abc import Iterable, Sequence
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import numpy as np
-import pandas as pd
 
 from keras_memwatch import columns as C
+from keras_memwatch import options
+from keras_memwatch.configure.ranks import process_index_and_count
 from keras_memwatch.record.block import Block
-from keras_memwatch.record.recorder import concat_frames, empty_frame, normalize_dtypes
 
 logger = logging.getLogger("keras_memwatch")
 
@@ -47,20 +44,8 @@ RANK_FIELD = "{rank}"
 #: giving up: far more than any folder holds.
 MAX_NAMES = 100_000
 
-#: The columns a file must have to be read as a MemWatch log. Columns added
-#: later (`allocator_reserved_bytes`, `plan_bytes`, `process`, `hostname`,
-#: `call`, `timestamp`) may be missing from older logs: they read as missing
-#: values (process 0, call 0).
-REQUIRED_COLUMNS: tuple[str, ...] = (
-    "step", "epoch", "batch", "phase", "device", "time_s", "peak_bytes",
-    "current_bytes", "baseline_bytes", "spike")
-
-#: With several files, the column that says which file a row came from.
-LOG_COLUMN = "log"
-
 _HEADER = (",".join(C.COLUMNS) + "\n").encode()
 _BYTES_FIELDS = C.COLUMNS[C.FIRST_BYTES:-len(C.CALL_COLUMNS)]
-_PARQUET_MAGIC = b"PAR1"
 
 
 @functools.lru_cache(maxsize=None)
@@ -70,11 +55,6 @@ def _present(names: tuple[str, ...]) -> tuple[list[int], list[int]]:
     spike = _BYTES_FIELDS.index("spike")
     return ([names.index(n) for n in _BYTES_FIELDS[:spike] if n in names],
             [names.index(n) for n in _BYTES_FIELDS[spike + 1:] if n in names])
-
-
-class NotALogError(ValueError):
-    """A file that is not a MemWatch log: empty, plain text, another
-    program's CSV (Keras's `CSVLogger`), or values of the wrong kind."""
 
 
 class CsvLog:
@@ -231,6 +211,38 @@ def log_path_for(path: PathLike, process: int, process_count: int,
     return path
 
 
+def checked_log_path(name: str, value: Any) -> Optional[str]:
+    """A new `.csv` file in an existing, writable folder.
+
+    `{rank}` in the path stands for the process index (each process of a
+    distributed run writes its own file). An existing file is refused here
+    only for one process and a path without `{rank}`: where several
+    processes train, each takes its own name at train begin (`mem.csv` ->
+    `mem.rank{N}.csv`, the next free number if that is taken too), so that
+    no process fails alone while the others wait for it.
+    """
+    if options.path(name, value, optional=True) is None:
+        return None
+    full = os.path.abspath(os.fspath(value))
+    if not full.lower().endswith(".csv"):
+        raise options.expected(name, "a path ending in .csv", value)
+    process, count = process_index_and_count()
+    folder = os.path.dirname(full.replace(RANK_FIELD, str(process)))
+    if not os.path.isdir(folder):
+        raise options.expected(name, f"a path in an existing folder ({folder} does not exist)",
+                       value)
+    if not os.access(folder, os.W_OK):
+        raise options.expected(name, f"a path in a writable folder ({folder} is not writable)",
+                       value)
+    if RANK_FIELD not in full and count == 1 and os.path.lexists(full):
+        raise FileExistsError(
+            f"Expected `{name}` to be a new file: MemWatch never overwrites a "
+            f"log. Received: {name}={value!r}, which exists. Delete it or "
+            "choose another path."
+        )
+    return full
+
+
 def open_log(path: PathLike, process: int = 0, process_count: int = 1,
              hostname: str = "", earlier: Sequence[str] = (), call: int = 0,
              trial: Optional[str] = None) -> Optional[CsvLog]:
@@ -263,155 +275,3 @@ def open_log(path: PathLike, process: int = 0, process_count: int = 1,
 # -- reading -----------------------------------------------------------------
 
 
-def load_log(path: Union[PathLike, Sequence[PathLike]]) -> pd.DataFrame:
-    """Reads MemWatch logs back, with the columns and dtypes of
-    `MemWatch.to_dataframe()`.
-
-    Reads the CSV that `MemWatch(log_path=...)` streams and `MemWatch.to_csv`
-    writes, and the Parquet file of `MemWatch.to_parquet` (needs pyarrow).
-    A last line cut short by a crash is dropped.
-
-    Given a sequence of paths or a glob (`"mem.rank*.csv"`: the logs of
-    the processes of a distributed run), it returns one frame: every row keeps
-    its `process` and `hostname`, one more column, `log`, names the file it
-    came from, and rows are ordered by process, then file (in the order
-    given; a glob's matches in natural order: `mem.rank2` before
-    `mem.rank10`, `mem.csv` before `mem.1.csv`), then as written (by step).
-    A glob leaves out the guard's `*.oom.csv` copies, which repeat a log's
-    rows, unless the pattern itself names `.oom.`.
-
-    Args:
-        path: a file, a glob, or a sequence of files and globs. A string
-            that names an existing file is that file, even with `*` or `[`.
-
-    Returns:
-        A `pandas.DataFrame`, one row per sample per device (per process).
-
-    Raises:
-        FileNotFoundError: a file that does not exist, or a glob that
-            matches none.
-        NotALogError: (a `ValueError`) a file that is not a MemWatch log;
-            the message names the file and the columns it lacks.
-        ImportError: a Parquet file without pyarrow installed.
-
-    Example:
-
-    ```pycon
-    >>> frame = load_log("memwatch.csv")  # doctest: +SKIP
-    >>> frame.groupby("device")["peak_bytes"].max()  # doctest: +SKIP
-    >>> merged = load_log("mem.rank*.csv")  # doctest: +SKIP
-    >>> merged.groupby(["process", "device"])["peak_bytes"].max()  # doctest: +SKIP
-    ```
-    """
-    paths, several = _expand(path)
-    if not several:
-        return _read_one(paths[0])
-    frames = []
-    for name in paths:
-        frame = _read_one(name)
-        frame[LOG_COLUMN] = name
-        frames.append(frame)
-    merged = concat_frames(frames).sort_values("process", kind="stable")
-    return merged.reset_index(drop=True)
-
-
-def _expand(path: Union[PathLike, Sequence[PathLike]]) -> tuple[list[str], bool]:
-    """The files to read, and whether the caller asked for several."""
-    if isinstance(path, (str, os.PathLike)):
-        items, several = [os.fspath(path)], False
-    elif isinstance(path, Sequence) and not isinstance(path, bytes):
-        items, several = [os.fspath(p) for p in path], True
-        if not items:
-            raise ValueError("Expected at least one log path. Received: path=[]")
-    else:
-        raise TypeError("Expected `path` to be a path, a glob or a sequence of "
-                        f"them. Received: path={path!r}")
-    files: list[str] = []
-    for item in items:
-        if os.path.exists(item) or not glob.has_magic(item):
-            files.append(item)
-            continue
-        several = True
-        keep_oom = ".oom." in os.path.basename(item)
-        matches = [m for m in glob.glob(item) if os.path.isfile(m)
-                   and (keep_oom or not m.endswith(".oom.csv"))]
-        if not matches:
-            raise FileNotFoundError(errno.ENOENT, "no file matches this pattern", item)
-        files.extend(sorted(matches, key=_natural))
-    seen: set[str] = set()
-    unique = []
-    for name in files:
-        real = os.path.realpath(name)
-        if real not in seen:
-            seen.add(real)
-            unique.append(name)
-    return unique, several
-
-
-def _natural(path: str) -> list:
-    """Sort key: numbers as numbers, and `stem.csv` before `stem.1.csv`."""
-    stem = os.path.splitext(path)[0]
-    match = re.fullmatch(r"(.*?)(?:\.(\d+))?", stem)
-    base, n = match.group(1), int(match.group(2) or 0)
-    parts = [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", base)]
-    return [(0, p) if isinstance(p, int) else (1, p) for p in parts] + [(0, n)]
-
-
-def _read_one(path: str) -> pd.DataFrame:
-    with open(path, "rb") as f:
-        data = f.read()
-    if data.startswith(_PARQUET_MAGIC):
-        return _read_parquet(path, data)
-    if not data.strip():
-        raise NotALogError(
-            f"{path} is empty, not a MemWatch log (a log starts with a header "
-            f"line naming its columns: {', '.join(REQUIRED_COLUMNS)}, ...)")
-    try:
-        header = data.split(b"\n", 1)[0].decode("utf-8").strip().split(",")
-    except UnicodeDecodeError:
-        raise NotALogError(f"{path} is not a MemWatch log: it is neither a "
-                           "CSV text file nor Parquet") from None
-    _check_columns(path, [h.strip() for h in header])
-    if not data.endswith(b"\n"):
-        data = data[: data.rfind(b"\n") + 1]
-    if data.count(b"\n") <= 1:
-        return empty_frame()
-    try:
-        frame = pd.read_csv(io.BytesIO(data), keep_default_na=False,
-                            na_values={c: [""] for c in C.COLUMNS})
-        return normalize_dtypes(frame)
-    except (ValueError, TypeError) as e:  # pandas' ParserError is a ValueError
-        raise NotALogError(f"{path} has a MemWatch header but values that are "
-                           f"not a MemWatch log's: {e}") from None
-
-
-def _read_parquet(path: str, data: bytes) -> pd.DataFrame:
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError:
-        raise ImportError(f"{path} is Parquet; reading it needs pyarrow: pip "
-                          "install pyarrow (or pip install "
-                          "'keras-memwatch[parquet]')") from None
-    try:
-        frame = pd.read_parquet(io.BytesIO(data))
-    except Exception as e:  # pyarrow's errors are not OSError/ValueError alone
-        raise NotALogError(f"{path} is not a readable Parquet file: {e}") from None
-    _check_columns(path, [str(c) for c in frame.columns])
-    try:
-        return normalize_dtypes(frame.reset_index(drop=True))
-    except (ValueError, TypeError) as e:
-        raise NotALogError(f"{path} has MemWatch's columns but values that are "
-                           f"not a MemWatch log's: {e}") from None
-
-
-def _check_columns(path: str, columns: Sequence[str]) -> None:
-    missing = [c for c in REQUIRED_COLUMNS if c not in columns]
-    if not missing:
-        return
-    shown = ", ".join(c for c in columns[:8] if c) or "none"
-    if len(columns) > 8:
-        shown += ", ..."
-    raise NotALogError(
-        f"{path} is not a MemWatch log: it lacks the column(s) "
-        f"{', '.join(missing)} (its columns: {shown}). Give a file written by "
-        "MemWatch(log_path=...), MemWatch.to_csv or MemWatch.to_parquet")

@@ -8,6 +8,7 @@ from typing import Any, Callable, Optional
 from keras_memwatch import options
 from keras_memwatch.judge.detector import SpikeSettings
 from keras_memwatch.judge.events import SpikeEvent
+from keras_memwatch.record.csvlog import checked_log_path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +42,7 @@ class WatchSettings:
         return cls(
             every_n_batches=options.positive_int("every_n_batches", every_n_batches),
             spikes=SpikeSettings.checked(window, threshold, min_delta_mb, warmup),
-            log_path=options.log_path("log_path", log_path),
+            log_path=checked_log_path("log_path", log_path),
             on_spike=options.optional_callable("on_spike", on_spike),
             add_to_logs=options.boolean("add_to_logs", add_to_logs),
             verbose=options.choice("verbose", verbose, (0, 1)),

@@ -174,7 +174,9 @@ def test_the_report_names_the_process_and_host(tmp_path):
 
 def test_each_process_reports_next_to_its_own_log(tmp_path, monkeypatch, memwatch_logs):
     monkeypatch.setattr("keras_memwatch.configure.ranks.process_index_and_count", lambda: (1, 2))
-    monkeypatch.setattr("keras_memwatch.callback.process_index_and_count",
+    monkeypatch.setattr("keras_memwatch.record.csvlog.process_index_and_count",
+                        lambda: (1, 2))
+    monkeypatch.setattr("keras_memwatch.session.call.process_index_and_count",
                         lambda: (1, 2))
     watch = MemWatch(probes="host", log_path=tmp_path / "mem.csv", verbose=0)
     error = framework_oom()

@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 from keras_memwatch import columns as C
-from keras_memwatch.record.csvlog import (CsvLog, NotALogError, load_log, log_path_for,
-                                   numbered, open_log)
+from keras_memwatch.record.csvlog import CsvLog, log_path_for, numbered, open_log
+from keras_memwatch.record.log_reader import NotALogError, load_log
 
 from conftest import GPU_SOURCES, HOST_SOURCES, block_of, gpu_row, host_row
 from keras_memwatch.record.block import table_columns

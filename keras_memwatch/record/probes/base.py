@@ -28,7 +28,29 @@ class Probe(abc.ABC):
     `peak_per_sample = True`; otherwise its peak is a high-water mark.
 
     Probes do no work at construction; `start` opens the source and raises
-    `ProbeUnavailable` when it cannot.
+    `ProbeUnavailable` when it cannot. A probe is passed in `MemWatch(probes=
+    [...])`, beside or instead of the names of the built-in ones; its values
+    go into the columns it names (see `keras_memwatch.columns`).
+
+    Example:
+
+    ```python
+    import resource
+
+    class PeakRss(keras_memwatch.Probe):
+        # The host's peak resident memory, from getrusage (Linux).
+        name = "peak_rss"
+        columns = ("host_peak_rss_bytes",)
+
+        def start(self):
+            return ("host",)
+
+        def read(self):
+            kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            return [(kib * 1024,)]
+
+    watch = keras_memwatch.MemWatch(probes=["jax", PeakRss()])
+    ```
     """
 
     name: ClassVar[str]
