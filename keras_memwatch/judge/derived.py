@@ -211,7 +211,7 @@ def rises_from_frame(frame: pd.DataFrame, window: int = 50,
 def replay_drift(frame: pd.DataFrame, window: int = 50,
                  min_delta_mb: float = 64) -> tuple[list[tuple], list[tuple]]:
     """`(drift_from_frame(...), rises_from_frame(...))` in one replay."""
-    from keras_memwatch.judge.detector import DriftMonitor
+    from keras_memwatch.judge.drift import DriftMonitor
 
     drift, rises = [], []
     for device, rows in frame.groupby("device", observed=True, sort=False):

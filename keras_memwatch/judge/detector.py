@@ -1,11 +1,11 @@
-"""Streaming spike detection and baseline drift (leak) detection.
+"""Streaming spike detection.
 
 `SpikeDetector` judges each sampled peak against a robust rolling baseline
-and says whether it is a spike. `DriftMonitor` watches that baseline over
-epochs and says when it grows steadily, which is what a leak looks like.
-Both take a value at a time or a block at once (`update_many`, in numpy),
-and know nothing of Keras; the callback keeps one of each per device and
-serializes calls to them (they are not thread-safe on their own).
+(a `RollingMedian`) and says whether it is a spike; `judge.drift` watches
+that baseline for leaks. Both take a value at a time or a block at once
+(`update_many`, in numpy), and know nothing of Keras; the spike monitor
+keeps one of each per device and serializes calls to them (they are not
+thread-safe on their own).
 """
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from keras_memwatch import options
-from keras_memwatch.judge.events import DriftEvent, RiseEvent
 from keras_memwatch.units import MIB
 
-__all__ = ["DriftMonitor", "SpikeDetector", "SpikeSettings"]
+__all__ = ["RollingMedian", "SpikeDetector", "SpikeSettings"]
 
 _INF = float("inf")
 
@@ -57,6 +56,78 @@ def _keep_last(window: deque, values: list, w: int) -> None:
     window.extend(values)
     for _ in range(len(window) - w):
         window.popleft()
+
+
+class RollingMedian:
+    """The median of the last `window` values: a sorted copy of the window,
+    kept up to date with one O(window) memmove per push.
+
+    Args:
+        window: how many values the median is taken over.
+    """
+
+    __slots__ = ("window", "values", "_sorted")
+
+    def __init__(self, window: int) -> None:
+        self.window = options.positive_int("window", window)
+        self.values: deque = deque()  # in the order pushed
+        self._sorted: list = []
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    @property
+    def full(self) -> bool:
+        return len(self.values) == self.window
+
+    @property
+    def median(self) -> float:
+        """The median of the window (which must not be empty)."""
+        return _median(self._sorted)
+
+    def push(self, value: float) -> float:
+        """Adds a value; returns the median of the window."""
+        ordered = self._sorted
+        if len(self.values) == self.window:
+            del ordered[bisect_left(ordered, self.values.popleft())]
+        self.values.append(value)
+        insort(ordered, value)
+        return _median(ordered)
+
+    def medians_before(self, values: np.ndarray) -> np.ndarray:
+        """For a full window, the median the window would have before each
+        of `values` were they pushed in turn (nothing is pushed)."""
+        w = self.window
+        return _medians(np.concatenate([np.fromiter(self.values, float, w),
+                                        values[:-1]]), w)
+
+    def extend(self, values: list) -> None:
+        """Pushes every value, at once."""
+        _keep_last(self.values, values, self.window)
+        self._sorted[:] = sorted(self.values)
+
+    def replace(self, values: list) -> None:
+        """Forgets the window; it holds `values` (at most `window`) instead."""
+        self.values.clear()
+        self.extend(values)
+
+    def clear(self) -> None:
+        self.values.clear()
+        self._sorted.clear()
+
+    def push_many(self, values: np.ndarray) -> np.ndarray:
+        """`push` of each value in turn; returns the medians after each."""
+        out = np.empty(len(values))
+        i = 0
+        while i < len(values) and not self.full:
+            out[i] = self.push(values[i].item())
+            i += 1
+        if i < len(values):
+            w = self.window
+            out[i:] = _medians(np.concatenate([np.fromiter(self.values, float, w),
+                                               values[i:]])[1:], w)
+            self.extend(values[i:].tolist())
+        return out
 
 
 class SpikeSettings(NamedTuple):
@@ -153,8 +224,7 @@ class SpikeDetector:
         "_min_delta",
         "_warmup",
         "_plateau",
-        "_values",
-        "_sorted",
+        "_window",
         "_warm_left",
         "_baseline",
         "_run",
@@ -184,8 +254,7 @@ class SpikeDetector:
         self._plateau = min(
             self._window_size, max(self._warmup, _MAX_ISOLATED_SPIKE + 1)
         )
-        self._values: deque = deque()
-        self._sorted: list = []
+        self._window = RollingMedian(self._window_size)
         self._run: list = []
         self.reset()
 
@@ -233,8 +302,7 @@ class SpikeDetector:
 
     def reset(self) -> None:
         """Forgets everything: the next value starts a new warm-up."""
-        self._values.clear()
-        self._sorted.clear()
+        self._window.clear()
         self._run.clear()
         self._run_floor = _INF
         self._warm_left = max(self._warmup, 1)
@@ -254,16 +322,13 @@ class SpikeDetector:
         """
         if value_bytes is None or not (-_INF < value_bytes < _INF):
             return False
+        window = self._window
         if self._warm_left:
             self._warm_left -= 1
-            self._push(value_bytes)
+            window.push(value_bytes)
             return False
 
-        ordered = self._sorted
-        n = len(ordered)
-        m = n >> 1
-        baseline = ordered[m] if n & 1 else (ordered[m - 1] + ordered[m]) / 2
-        self._baseline = baseline
+        baseline = self._baseline = window.median
 
         if self.exceeds(value_bytes, baseline):
             run = self._run
@@ -274,13 +339,7 @@ class SpikeDetector:
                 self._maybe_accept_level()
             return True
 
-        # Not a spike: into the baseline window (inlined `_push`, hot path).
-        values = self._values
-        if len(values) == self._window_size:
-            del ordered[bisect_left(ordered, values.popleft())]
-        values.append(value_bytes)
-        insort(ordered, value_bytes)
-
+        window.push(value_bytes)  # not a spike: into the baseline window
         run = self._run
         if run:
             if value_bytes + value_bytes > baseline + self._run_floor:
@@ -317,8 +376,7 @@ class SpikeDetector:
         i = 0
         while i < n:
             ordinary = 0
-            if (not self._warm_left and not self._run
-                    and len(self._values) == self._window_size):
+            if not self._warm_left and not self._run and self._window.full:
                 ordinary = self._push_ordinary(values[i:], baselines[i:])
             if not ordinary:
                 spikes[i] = self.update(values[i].item())
@@ -331,16 +389,13 @@ class SpikeDetector:
     def _push_ordinary(self, values: np.ndarray, baselines: np.ndarray) -> int:
         """Judges the leading values that are no spike against a full window
         and pushes them; returns how many."""
-        w = self._window_size
-        medians = _medians(np.concatenate([np.fromiter(self._values, float, w),
-                                           values[:-1]]), w)
+        medians = self._window.medians_before(values)
         over = (values > medians * self._threshold) & (values > medians + self._min_delta)
         n = int(over.argmax()) if over.any() else len(values)
         if n:
             baselines[:n] = medians[:n]
             self._baseline = medians[n - 1].item()
-            _keep_last(self._values, values[:n].tolist(), w)
-            self._sorted[:] = sorted(self._values)
+            self._window.extend(values[:n].tolist())
         return n
 
     def exceeds(self, value_bytes: float, baseline_bytes: float) -> bool:
@@ -348,14 +403,6 @@ class SpikeDetector:
         `threshold` and `min_delta_mb`."""
         return (value_bytes > baseline_bytes * self._threshold
                 and value_bytes > baseline_bytes + self._min_delta)
-
-    def _push(self, value: float) -> None:
-        values = self._values
-        ordered = self._sorted
-        if len(values) == self._window_size:
-            del ordered[bisect_left(ordered, values.popleft())]
-        values.append(value)
-        insort(ordered, value)
 
     def _maybe_accept_level(self) -> None:
         """Makes the current run the baseline when it looks like a level."""
@@ -370,9 +417,7 @@ class SpikeDetector:
             seed = run[-self._window_size :]
         else:
             return
-        self._values.clear()
-        self._values.extend(seed)
-        self._sorted[:] = sorted(seed)
+        self._window.replace(seed)
         run.clear()
         self._run_floor = _INF
 
@@ -382,181 +427,3 @@ class SpikeDetector:
             f"threshold={self._threshold:g}, "
             f"min_delta_mb={self._min_delta_mb:g}, warmup={self._warmup})"
         )
-
-
-class RollingMedian:
-    """The median of the last `window` values, O(window) memmove per push.
-
-    Args:
-        window: how many values the median is taken over.
-    """
-
-    __slots__ = ("window", "_values", "_sorted")
-
-    def __init__(self, window: int) -> None:
-        self.window = options.positive_int("window", window)
-        self._values: deque = deque()
-        self._sorted: list = []
-
-    def push(self, value: float) -> float:
-        """Adds a value; returns the median of the window."""
-        ordered = self._sorted
-        if len(self._values) == self.window:
-            del ordered[bisect_left(ordered, self._values.popleft())]
-        self._values.append(value)
-        insort(ordered, value)
-        return _median(ordered)
-
-    def push_many(self, values: np.ndarray) -> np.ndarray:
-        """`push` of each value in turn; returns the medians after each."""
-        out = np.empty(len(values))
-        i = 0
-        while i < len(values) and len(self._values) < self.window:
-            out[i] = self.push(values[i].item())
-            i += 1
-        if i < len(values):
-            w = self.window
-            out[i:] = _medians(np.concatenate([np.fromiter(self._values, float, w),
-                                               values[i:]])[1:], w)
-            _keep_last(self._values, values[i:].tolist(), w)
-            self._sorted[:] = sorted(self._values)
-        return out
-
-
-class DriftMonitor:
-    """Reports steady growth of the baseline, within an epoch or across epochs.
-
-    Feed it the baseline after every sample (`SpikeDetector.baseline`) and
-    call `end_epoch()` at the end of each epoch. Growth is a leak when it
-    is both large and steady; one rule is used at both scales:
-
-    - within the epoch: the baseline grew by more than `min_delta_mb` MiB
-      from the epoch's first baseline to its last, it grew in each quarter
-      of the epoch by at least an eighth of that growth, and no quarter and
-      no single step between consecutive samples makes up more than half
-      of it (an epoch needs at least 8 samples to be judged alone);
-    - across epochs (checked when the epoch alone is not a leak): over the
-      last 3 epochs the baseline rose in each of them (the first one from
-      its start to its end, then from one epoch's end to the next), the
-      total rise exceeds `min_delta_mb` MiB, and no single epoch makes up
-      more than half of it.
-
-    So one jump to a new level, say from a new input shape, is not a leak,
-    even when it stays, nor is the ramp a rolling median makes of it; it is
-    kept in `rises` (a `RiseEvent`) instead. The same jump repeated epoch
-    after epoch is a leak. Slow growth under `min_delta_mb` per epoch is
-    caught once it adds up over 3 epochs. While a leak goes on, it is
-    reported once per epoch.
-
-    Args:
-        min_delta_mb: Growth, in MiB, that a leak exceeds. Defaults to `64`.
-        smooth: When set, each value is first replaced by the rolling
-            median of the last `smooth` values, so that raw readings (an
-            allocator's sawtooth) can be fed in. Defaults to `None`.
-
-    Raises:
-        TypeError: When `min_delta_mb` is not a number (bools are not).
-        ValueError: When `min_delta_mb` is negative or not finite.
-
-    Example:
-
-    >>> drift = DriftMonitor(min_delta_mb=64)
-    >>> for i in range(300):
-    ...     drift.update((190 + i * 230 / 299) * 2**20)
-    >>> drift.end_epoch().message
-    'baseline grew from 190 MiB to 420 MiB over 300 batches'
-    """
-
-    #: Number of epochs that the across-epochs rule looks back over.
-    EPOCHS = 3
-
-    def __init__(self, min_delta_mb: float = 64, smooth: Optional[int] = None) -> None:
-        self._min_delta_mb = options.non_negative("min_delta_mb", min_delta_mb)
-        self._min_delta = self._min_delta_mb * MIB
-        self._smooth = smooth
-        self._history: deque = deque(maxlen=self.EPOCHS)
-        self.reset()
-
-    @property
-    def min_delta_mb(self) -> float:
-        """Growth, in MiB, that a leak exceeds."""
-        return self._min_delta_mb
-
-    def _start_epoch(self) -> None:
-        self._values: list[float] = []
-
-    def reset(self) -> None:
-        """Forgets the current epoch and the epochs before it."""
-        self._history.clear()
-        self.rises: list[RiseEvent] = []
-        self._level = None if self._smooth is None else RollingMedian(self._smooth)
-        self._start_epoch()
-
-    def update(self, baseline_bytes: Optional[float]) -> None:
-        """Records the baseline after one sample.
-
-        Args:
-            baseline_bytes: The baseline in bytes; `None` or NaN (during
-                warm-up, or when missing) is ignored.
-        """
-        if baseline_bytes is None or not (-_INF < baseline_bytes < _INF):
-            return
-        if self._level is not None:
-            baseline_bytes = self._level.push(baseline_bytes)
-        self._values.append(baseline_bytes)
-
-    def update_many(self, baselines_bytes: np.ndarray) -> None:
-        """`update` of each value in turn (none missing)."""
-        if self._level is not None:
-            baselines_bytes = self._level.push_many(baselines_bytes)
-        self._values.extend(baselines_bytes.tolist())
-
-    def end_epoch(self) -> Optional[DriftEvent]:
-        """Closes the epoch and says whether the baseline drifted.
-
-        Returns:
-            A `DriftEvent` when the baseline grew steadily within this
-            epoch, or else over the last 3 epochs; None otherwise, and for
-            an epoch that had no baseline at all. A one-off rise of the
-            epoch is added to `rises`.
-        """
-        values = self._values
-        self._start_epoch()
-        if not values:
-            return None
-        first, last = values[0], values[-1]
-        self._history.append((first, last, len(values)))
-
-        growth = last - first
-        if growth > self._min_delta:
-            if _steady(values, growth):
-                return DriftEvent(first, last, len(values))
-            self.rises.append(RiseEvent(first, last, len(values)))
-
-        if len(self._history) < self.EPOCHS:
-            return None
-        epochs = list(self._history)
-        rises = [epochs[0][1] - epochs[0][0]]
-        rises += [b[1] - a[1] for a, b in zip(epochs, epochs[1:])]
-        total = epochs[-1][1] - epochs[0][0]
-        steady = min(rises) > 0 and max(rises) <= total / 2
-        if steady and total > self._min_delta:
-            return DriftEvent(
-                epochs[0][0],
-                epochs[-1][1],
-                sum(e[2] for e in epochs),
-                n_epochs=len(epochs),
-            )
-        return None
-
-
-def _steady(values: list[float], growth: float) -> bool:
-    """Whether `growth` of `values` is spread over the whole series."""
-    n = len(values)
-    if n < 8:
-        return False
-    steps = max(b - a for a, b in zip(values, values[1:]))
-    ends = [values[round(k * (n - 1) / 4)] for k in range(5)]
-    quarters = [b - a for a, b in zip(ends, ends[1:])]
-    return (steps <= growth / 2 and max(quarters) <= growth / 2
-            and min(quarters) >= growth / 8)

@@ -37,7 +37,8 @@ from keras_memwatch.record.block import (BASELINE, CURRENT, MISSING, PEAK, PHASE
                                   PLAN, Block, before_each, last_present,
                                   last_present_before, optional)
 from keras_memwatch.judge.derived import SettledInUse, working_memory
-from keras_memwatch.judge.detector import DriftMonitor, SpikeDetector, SpikeSettings
+from keras_memwatch.judge.detector import SpikeDetector, SpikeSettings
+from keras_memwatch.judge.drift import DriftMonitor
 from keras_memwatch.judge.events import DriftEvent, RiseEvent, SpikeEvent
 from keras_memwatch.units import MIB, format_bytes
 

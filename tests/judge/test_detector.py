@@ -13,7 +13,8 @@ from typing import Optional
 import numpy as np
 import pytest
 
-from keras_memwatch.judge.detector import DriftMonitor, SpikeDetector
+from keras_memwatch.judge.detector import SpikeDetector
+from keras_memwatch.judge.drift import DriftMonitor
 from keras_memwatch.judge.events import DriftEvent
 from keras_memwatch.units import MIB, format_bytes
 
