@@ -56,7 +56,7 @@ class Block:
     time_s: np.ndarray
     tables: list[np.ndarray]
     spikes: list[np.ndarray] = dataclasses.field(default_factory=list)
-    timestamp: Optional[np.ndarray] = None
+    timestamp: np.ndarray = None  # type: ignore[assignment]  # NaN, filled below
 
     def __post_init__(self) -> None:
         n = len(self.step)

@@ -124,7 +124,8 @@ def _expand(path: Union[PathLike, Sequence[PathLike]]) -> tuple[list[str], bool]
 def _natural(path: str) -> list:
     """Sort key: numbers as numbers, and `stem.csv` before `stem.1.csv`."""
     stem = os.path.splitext(path)[0]
-    match = re.fullmatch(r"(.*?)(?:\.(\d+))?", stem)
+    match = re.fullmatch(r"(.*?)(?:\.(\d+))?", stem, re.S)
+    assert match is not None  # the pattern matches any text
     base, n = match.group(1), int(match.group(2) or 0)
     parts = [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", base)]
     return [(0, p) if isinstance(p, int) else (1, p) for p in parts] + [(0, n)]

@@ -305,9 +305,9 @@ class Sampler:
         probe, places = slot.probe, slot.places
         try:  # bools are ints to numpy, not byte counts here
             fast = set(map(type, _chain(_chain(readings)))) == {int}
-            values = np.array(readings, dtype=np.int64) if fast else None
+            values = np.array(readings if fast else [], dtype=np.int64)
             fast = fast and (values.shape[1:] == (len(places), len(probe.columns))
-                             and not (values < 0).any())
+                             and not bool((values < 0).any()))
         except (ValueError, TypeError, OverflowError):
             fast = False
         if fast:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from types import FrameType
 from typing import Optional
 
 logger = logging.getLogger("keras_memwatch")
@@ -28,7 +29,7 @@ def tuner_trial_id() -> Optional[str]:
     except (KeyError, AttributeError):
         return None
     try:
-        frame = sys._getframe(1)
+        frame: Optional[FrameType] = sys._getframe(1)
         for _ in range(MAX_FRAMES):
             if frame is None:
                 return None

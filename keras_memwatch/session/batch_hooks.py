@@ -102,7 +102,7 @@ def batch_hooks(pipe: Pipeline, status: CallStatus, read: Callable[[], list],
                     if len(pending) >= block:
                         wake()
                     if read_figures is not None and logs is not None:
-                        fill_batch(key, read_figures, logs)
+                        fill_batch(key, read_figures, logs)  # type: ignore[misc]
             except Exception as e:
                 fault("on_batch_end", e)
 
@@ -134,7 +134,7 @@ def batch_hooks(pipe: Pipeline, status: CallStatus, read: Callable[[], list],
     def name_hook(phase: str) -> Callable:
         def on_batch_begin(batch: int, logs: Optional[dict] = None) -> None:
             if status.recording:
-                name_batch((phase, status.epoch, batch + spe - 1))
+                name_batch((phase, status.epoch, batch + spe - 1))  # type: ignore[misc]
 
         return on_batch_begin
 

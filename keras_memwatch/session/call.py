@@ -92,7 +92,9 @@ class CallSession:
         alert = settings.verbose > 0
         recorder = Recorder(settings.max_rows)
         recorder.reset(sampler.device_columns, self.process, self.hostname, call)
-        planner, plan_note, planned, layers = None, "", (), None
+        planner: Optional[StepPlanner] = None
+        planned: tuple[str, ...] = ()
+        plan_note, layers = "", None
         model = watch.model
         if phase == "train":
             planner, plan_note, planned = attach_planner(model, shapes.note)

@@ -42,7 +42,7 @@ _TRAIN = PHASE_CODES["train"]
 class ReadFigures(NamedTuple):
     """The figures of one read, and its place among the call's reads."""
 
-    index: int
+    place: int
     figures: Figures
 
 
@@ -94,7 +94,7 @@ class LogsFigures:
         current = device.current_columns
         self._current = value_reader(sampler, primary, current)
         self._figures_of = self._planned
-        if device.peak_per_sample:
+        if device.peak_per_sample and device.peak_column is not None:
             peak = (device.peak_column,)
             self._peak = value_reader(sampler, primary, peak)
             self._figures_of = self._measured

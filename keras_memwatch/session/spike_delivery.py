@@ -70,6 +70,7 @@ class SpikeDelivery:
     def _with_layer(self, event: SpikeEvent) -> SpikeEvent:
         """The event with the layer that grew most, where its batch had an
         unusual input shape."""
+        assert self.layers is not None
         try:
             found = self.layers.name(event)
         except Exception as e:

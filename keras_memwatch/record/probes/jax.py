@@ -87,7 +87,7 @@ class JaxProbe(Probe):
         return tuple(names)
 
     def read(self) -> Sequence[Reading]:
-        out = []
+        out: list[Reading] = []
         for memory_stats in self._stats:
             try:
                 s = memory_stats()

@@ -154,7 +154,7 @@ def _configured_limits(tf: Any, count: int) -> tuple[Optional[int], ...]:
     order cannot be matched to `count` logical GPUs, every limit is None.
     """
     try:
-        entries = []
+        entries: list[tuple[int, int, int, Optional[int]]] = []
         for p, physical in enumerate(tf.config.get_visible_devices("GPU")):
             configs = tf.config.get_logical_device_configuration(physical)
             if not configs:
