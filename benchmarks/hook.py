@@ -19,7 +19,7 @@ from typing import Any
 
 from benchmarks import arms as A
 from benchmarks.common import log, spread, thread_ns, timer_overhead_ns
-from benchmarks.workloads import build_model, make_data, workload
+from benchmarks.models import build_model, make_data, workload
 
 
 def _after_first_epoch(values: list, marks: list, index: int) -> list:

@@ -1,4 +1,9 @@
-"""The models the GPU benchmarks train, by name, with sample data.
+"""The one registry of the models that benchmarks, GPU checks and test
+scenarios train, with their data.
+
+`WORKLOADS` (`mlp`, `convnet`: a CPU and a GPU size each) are the models of
+the speed benchmarks; `spike_scenario` and `conv_stack` the oversized-batch
+scenario; `build(name)` the models of the capacity and by-layer checks.
 
 `conv`, `block`, `resnet`, `transformer` and `gpt` are the models of the
 earlier capacity work; `resconv` (a residual convnet with batch
@@ -11,7 +16,12 @@ the capacity code, to check it on models it was not tuned on. Each has a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
+
+from benchmarks.common import import_keras
 
 def build(name: str) -> Any:
     """A compiled model, fresh."""
@@ -223,3 +233,153 @@ def hub_data(name: str, n: int) -> tuple[Any, Any]:
         return {"token_ids": tokens[:, :-1], "padding_mask": mask}, tokens[:, 1:]
     return ({"token_ids": tokens[:, :-1], "segment_ids": np.zeros((n, seq), "int32"),
              "padding_mask": mask}, rng.integers(0, 4, size=n).astype("int32"))
+
+
+def conv_stack(side: int, channels: int, layers: int, classes: int = 10,
+               separable: bool = False) -> Any:
+    """The plain convnet of the spike scenarios and memory checks: `layers`
+    3x3 convolutions of `channels` filters (relu, `same` padding) on
+    `side`x`side`x3 images, global average pooling and `Dense(classes)`
+    logits; Adam and sparse cross-entropy. Its activations dominate a
+    step, so a larger batch shows at once in the step's peak."""
+    import keras
+
+    conv = keras.layers.SeparableConv2D if separable else keras.layers.Conv2D
+    model = keras.Sequential(
+        [keras.Input((side, side, 3))]
+        + [conv(channels, 3, padding="same", activation="relu") for _ in range(layers)]
+        + [keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(classes)])
+    model.compile(optimizer="adam",
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+# -- the speed benchmarks' workloads and the spike scenario -----------------
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    input_shape: tuple
+    batch_size: int
+    classes: int
+    description: str
+
+
+# (cpu, gpu) variants
+WORKLOADS = {
+    "mlp": (
+        Workload("mlp", (128,), 64, 10, "MLP 128-256-256-10, batch 64"),
+        Workload("mlp", (512,), 256, 10, "MLP 512-512-512-10, batch 256"),
+    ),
+    "convnet": (
+        Workload("convnet", (32, 32, 3), 32, 10,
+                 "convnet 2x conv(16,32)+pool, 32x32x3, batch 32"),
+        Workload("convnet", (32, 32, 3), 128, 10,
+                 "convnet 2x conv(32,64)+pool, 32x32x3, batch 128"),
+    ),
+}
+
+
+def workload(name: str, gpu: bool) -> Workload:
+    return WORKLOADS[name][1 if gpu else 0]
+
+
+def build_model(w: Workload, gpu: bool) -> Any:
+    keras = import_keras()
+    layers = keras.layers
+    keras.utils.set_random_seed(0)
+    if w.name == "mlp":
+        width = 512 if gpu else 256
+        model = keras.Sequential([
+            keras.Input(w.input_shape),
+            layers.Dense(width, activation="relu"),
+            layers.Dense(width, activation="relu"),
+            layers.Dense(w.classes),
+        ])
+    else:
+        a, b = (32, 64) if gpu else (16, 32)
+        model = keras.Sequential([
+            keras.Input(w.input_shape),
+            layers.Conv2D(a, 3, padding="same", activation="relu"),
+            layers.MaxPooling2D(),
+            layers.Conv2D(b, 3, padding="same", activation="relu"),
+            layers.GlobalAveragePooling2D(),
+            layers.Dense(w.classes),
+        ])
+    model.compile(
+        optimizer="adam",
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def make_data(w: Workload, steps: int, seed: int = 0) -> tuple:
+    rng = np.random.default_rng(seed)
+    n = steps * w.batch_size
+    x = rng.normal(size=(n, *w.input_shape)).astype("float32")
+    y = rng.integers(0, w.classes, size=(n,)).astype("int32")
+    return x, y
+
+
+# -- the spike scenario ----------------------------------------------------
+# Mostly small batches, an oversized one now and then, as in
+# tests/scenarios/oversized_batches.py. On the CPU: 45 batches of 4 images
+# 64x64x3 through two 64-channel convolutions, 96 images every 15th, judged
+# on host peak RSS. On a GPU: 60 batches of 8 images 128x128x3 through four
+# 128-channel convolutions, 128 images every 20th, judged on the allocator.
+# Activations dominate, so each oversized batch raises the step's peak
+# several times above the usual working memory. Fit with shuffle=False, so
+# batch i is item i.
+
+
+@dataclass(frozen=True)
+class SpikeScenario:
+    small: int
+    large: int
+    every: int
+    batches: int
+    side: int
+    channels: int
+    layers: int
+
+    def oversized(self) -> list[int]:
+        return [i for i in range(self.batches) if (i + 1) % self.every == 0]
+
+    def describe(self) -> str:
+        return (f"{self.batches} batches of {self.small} images "
+                f"{self.side}x{self.side}x3 through {self.layers} "
+                f"{self.channels}-channel convolutions, {self.large} images "
+                f"every {self.every}th")
+
+
+def spike_scenario(gpu: bool, batches: int | None = None) -> SpikeScenario:
+    s = (SpikeScenario(8, 128, 20, 60, 128, 128, 4) if gpu
+         else SpikeScenario(4, 96, 15, 45, 64, 64, 2))
+    if batches is not None:
+        s = SpikeScenario(s.small, s.large, s.every, batches, s.side,
+                          s.channels, s.layers)
+    return s
+
+
+def spike_dataset(s: SpikeScenario) -> Any:
+    keras = import_keras()
+
+    class Oversized(keras.utils.PyDataset):
+        def __init__(self):
+            super().__init__()
+            self.rng = np.random.default_rng(0)
+
+        def __len__(self):
+            return s.batches
+
+        def __getitem__(self, index):
+            n = s.large if (index + 1) % s.every == 0 else s.small
+            x = self.rng.normal(size=(n, s.side, s.side, 3)).astype("float32")
+            y = self.rng.integers(0, 10, size=(n,))
+            return x, y
+
+    return Oversized()
+
+
+def spike_model(s: SpikeScenario) -> Any:
+    import_keras().utils.set_random_seed(0)
+    return conv_stack(s.side, s.channels, s.layers)

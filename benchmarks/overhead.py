@@ -22,7 +22,7 @@ from benchmarks import arms as A
 import statistics
 
 from benchmarks.common import epoch_timer_class, log, spread
-from benchmarks.workloads import build_model, make_data, workload
+from benchmarks.models import build_model, make_data, workload
 
 
 SLOW_ARMS = frozenset({"nvidia_smi"})

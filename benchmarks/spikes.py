@@ -1,4 +1,4 @@
-"""Detection quality on the spike scenario (see `workloads.spike_scenario`:
+"""Detection quality on the spike scenario (see `models.spike_scenario`:
 mostly small batches, an oversized one every 15th or 20th). For each tool: how many of the oversized batches it
 catches, whether it names the batch, and how many other batches it flags.
 
@@ -20,7 +20,7 @@ from typing import Any
 
 from benchmarks import arms as A
 from benchmarks.common import MIB
-from benchmarks.workloads import (
+from benchmarks.models import (
     SpikeScenario, spike_dataset, spike_model, spike_scenario)
 
 

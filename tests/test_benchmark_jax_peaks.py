@@ -1,4 +1,4 @@
-"""The GPU check of JAX's peaks (`benchmarks/jax_peaks.py`) runs small on
+"""The GPU check of JAX's peaks (`benchmarks/gpu/jax_peaks.py`) runs small on
 the CPU: there only its check of Keras's batch logs applies, and its peak
 checks are tried on a fake GPU whose readings catch steps in flight."""
 
@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.jax_peaks import main, run  # noqa: E402
+from benchmarks.gpu.jax_peaks import main, run  # noqa: E402
 from test_workflows import IN_FLIGHT, InFlightGPU  # noqa: E402
 
 pytestmark = pytest.mark.skipif(keras.backend.backend() != "jax",

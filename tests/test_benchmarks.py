@@ -142,7 +142,7 @@ def test_capacity_check_estimates_and_trains_a_tiny_model_as_jobs():
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
 
     def run(*args):
-        proc = subprocess.run([sys.executable, "-m", "benchmarks.capacity_check", *args],
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu.capacity_check", *args],
                               cwd=str(ROOT), capture_output=True, text=True,
                               timeout=600, env=env)
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -161,7 +161,7 @@ def test_in_flight_says_it_needs_a_gpu_where_jax_gives_no_memory_statistics():
     if os.environ.get("KERAS_BACKEND") != "jax":
         pytest.skip("in_flight runs on JAX")
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.in_flight", "conv_tiny", "4", "--steps", "3"],
+        [sys.executable, "-m", "benchmarks.gpu.in_flight", "conv_tiny", "4", "--steps", "3"],
         cwd=str(ROOT), capture_output=True, text=True, timeout=600,
         env={**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"})
     assert proc.returncode != 0
@@ -175,7 +175,7 @@ def test_by_layer_check_splits_the_small_convnet_on_the_cpu():
     if backend not in ("jax", "torch"):
         pytest.skip("the check is for JAX and PyTorch")
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.by_layer_check", "--top", "3"],
+        [sys.executable, "-m", "benchmarks.gpu.by_layer_check", "--top", "3"],
         cwd=str(ROOT), capture_output=True, text=True, timeout=600,
         env={**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"})
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -24,7 +24,7 @@ from keras_memwatch.record.probes.base import Probe
 from keras_memwatch.units import format_bytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.jax_peaks import BatchLogs, logs_against_rows  # noqa: E402
+from benchmarks.gpu.jax_peaks import BatchLogs, logs_against_rows  # noqa: E402
 
 MIB = 2**20
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 #: running step's own: Keras's JAX loop sends the next batch ahead and,
 #: dispatching asynchronously, runs ahead of the device, each step
 #: dispatched holding its batch until it runs. The count seen, and why 16,
-#: are in docs/capacity.md (`benchmarks/in_flight.py` measures it).
+#: are in docs/capacity.md (`benchmarks/gpu/in_flight.py` measures it).
 BATCHES_AHEAD = 16
 
 

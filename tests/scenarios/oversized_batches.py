@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # oneDNN keeps freed memory
 
@@ -17,6 +18,9 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from keras_memwatch import MemWatch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository
+from benchmarks.models import spike_model, spike_scenario  # noqa: E402
 
 # CPU: judged on host peak RSS. GPU (--gpu): the H200 scenario, judged on
 # the allocator, or on XLA's plan of each step with JAX (4 x Conv2D(128) on
@@ -26,8 +30,10 @@ from keras_memwatch import MemWatch  # noqa: E402
 GPU = "--gpu" in sys.argv
 UNIFORM = "--uniform" in sys.argv
 EPOCHS = int(sys.argv[sys.argv.index("--epochs") + 1]) if "--epochs" in sys.argv else 1
-SMALL, LARGE, EVERY, BATCHES = (8, 128, 20, 60) if GPU else (4, 96, 15, 45)
-SIDE, CHANNELS, LAYERS = (128, 128, 4) if GPU else (64, 64, 2)
+SCENARIO = spike_scenario(GPU)  # the benchmarks' scenario, from their registry
+SMALL, LARGE, EVERY, BATCHES = (SCENARIO.small, SCENARIO.large, SCENARIO.every,
+                                SCENARIO.batches)
+SIDE = SCENARIO.side
 
 
 def oversized(index):
@@ -55,14 +61,7 @@ def main():
 
         distribution = keras.distribution.DataParallel(devices=jax.devices())
         keras.distribution.set_distribution(distribution)
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential(
-        [keras.Input((SIDE, SIDE, 3))]
-        + [keras.layers.Conv2D(CHANNELS, 3, padding="same", activation="relu")
-           for _ in range(LAYERS)]
-        + [keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
-    model.compile(optimizer="adam",
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model = spike_model(SCENARIO)
     watch = MemWatch(verbose=int(os.environ.get("MEMWATCH_VERBOSE", "0")))
     began = time.perf_counter()
     model.fit(Oversized(), epochs=EPOCHS, shuffle=False, callbacks=[watch], verbose=0)

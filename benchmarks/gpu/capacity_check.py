@@ -10,7 +10,7 @@ For each model, under a cap set with `configure_memory(memory_limit_mb=...)`:
    XLA recomputes above it, with the time per sample of both;
 3. a table, and JSON (`--json PATH`).
 
-    KERAS_BACKEND=jax python -m benchmarks.capacity_check verify gpt2@8192 \\
+    KERAS_BACKEND=jax python -m benchmarks.gpu.capacity_check verify gpt2@8192 \\
         resconv@6144 --json out/jax.json
 
 `estimate MODEL` and `trial MODEL N` run one piece (each prints one JSON
@@ -95,7 +95,7 @@ def trial(name: str, size: int, limit_mb: float, steps: int,
 
 
 def _child(args: list[str]) -> Optional[dict[str, Any]]:
-    done = subprocess.run([sys.executable, "-m", "benchmarks.capacity_check", *args],
+    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu.capacity_check", *args],
                           capture_output=True, text=True, timeout=900,
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     for line in reversed(done.stdout.splitlines()):

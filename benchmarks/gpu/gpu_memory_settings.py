@@ -1,6 +1,6 @@
 """GPU check of configure_memory: a limit binds, and growth starts small.
 
-Run on a CUDA machine: `python benchmarks/gpu_memory_settings.py`. Each case
+Run on a CUDA machine: `python benchmarks/gpu/gpu_memory_settings.py`. Each case
 runs in a fresh process (the settings are process-global) under
 KERAS_BACKEND=jax and torch, and prints one JSON line per case:
 
@@ -30,13 +30,9 @@ else:
     config = None
 import keras, numpy as np
 from keras_memwatch import MemWatch
+from benchmarks.models import conv_stack
 
-def model():
-    m = keras.Sequential([keras.Input((128, 128, 3))]
-        + [keras.layers.Conv2D(128, 3, padding="same", activation="relu") for _ in range(4)]
-        + [keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
-    m.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return m
+model = lambda: conv_stack(128, 128, 4)
 
 watch = MemWatch(verbose=0)
 out = {"case": case, "backend": keras.backend.backend(),

@@ -11,7 +11,7 @@ temporaries freed).
 It prints the most batches seen above XLA's plan of the step, which is
 what the estimate must count, as JSON:
 
-    KERAS_BACKEND=jax python -m benchmarks.in_flight block 200 --steps 1000
+    KERAS_BACKEND=jax python -m benchmarks.gpu.in_flight block 200 --steps 1000
 
 `--mode sync` waits for each step (a callback that reads the loss), for
 comparison; `--series` adds the count and the gap at every batch end. Run

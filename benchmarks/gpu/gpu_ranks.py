@@ -4,7 +4,7 @@ process with DataParallel over every local GPU. Each writes its log under
 OUT and prints one JSON line. Process 1 holds 2 GiB more from epoch 1
 batch 3, so the merged report has an imbalance to find.
 
-    python3 benchmarks/gpu_ranks.py proc 0 PORT OUT & python3 benchmarks/gpu_ranks.py proc 1 PORT OUT
+    python3 benchmarks/gpu/gpu_ranks.py proc 0 PORT OUT & python3 benchmarks/gpu/gpu_ranks.py proc 1 PORT OUT
 """
 import json
 import os

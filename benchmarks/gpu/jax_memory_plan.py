@@ -19,21 +19,16 @@ import os
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
 import jax  # noqa: E402
-import keras  # noqa: E402
 import numpy as np  # noqa: E402
+
+from benchmarks.models import conv_stack  # noqa: E402
 
 MIB = 2**20
 SIDE = int(os.environ.get("PLAN_SIDE", "128"))
 
 
 def build():
-    model = keras.Sequential(
-        [keras.Input((SIDE, SIDE, 3))]
-        + [keras.layers.Conv2D(128, 3, padding="same", activation="relu") for _ in range(4)]
-        + [keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
-    model.compile(optimizer="adam",
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
+    return conv_stack(SIDE, 128, 4)
 
 
 def plan(model, batch):

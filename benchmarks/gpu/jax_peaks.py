@@ -15,7 +15,7 @@ checks what MemWatch says against XLA's plans:
 
 On the GPU (JAX with CUDA; Keras from wheels, no TensorFlow):
 
-    KERAS_BACKEND=jax python3 -m benchmarks.jax_peaks --gpu --workers 2
+    KERAS_BACKEND=jax python3 -m benchmarks.gpu.jax_peaks --gpu --workers 2
 
 On the CPU it runs small sizes, where the host's peak comes from its own
 source, not from a plan: the first three checks need a GPU and are
@@ -33,6 +33,8 @@ from typing import Any
 
 import keras
 import numpy as np
+
+from benchmarks.models import conv_stack
 
 MIB = 2**20
 
@@ -72,13 +74,7 @@ def run(gpu: bool, epochs: int = 3, workers: int = 0,
 
     side, channels, layers, small, large, every, batches, validation = SIZES[gpu]
     keras.utils.set_random_seed(0)
-    model = keras.Sequential(
-        [keras.Input((side, side, 3))]
-        + [keras.layers.SeparableConv2D(channels, 3, padding="same", activation="relu")
-           for _ in range(layers)]
-        + [keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
-    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True))
+    model = conv_stack(side, channels, layers, separable=True)
     pipeline = dict(workers=workers, use_multiprocessing=False) if workers else {}
     train = OversizedBatches(batches=batches, batch_size=small, oversized=large,
                              every=every, input_shape=(side, side, 3), classes=10,

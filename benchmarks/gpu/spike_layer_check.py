@@ -7,7 +7,7 @@ NVML). Models: keras-hub's GPT-2 backbone with tied logits, as
 `GPT2CausalLM` has them (4 layers, width 512, vocabulary 8,000) and a token transformer with a variable length (2
 blocks, width 256, vocabulary 4,000), both written after the code.
 
-    KERAS_BACKEND=jax python -m benchmarks.spike_layer_check
+    KERAS_BACKEND=jax python -m benchmarks.gpu.spike_layer_check
 
 Prints a JSON line per model: the spikes (batch, its length, the layer
 named), the named lines, and `pass`: every spike of the train phase at a

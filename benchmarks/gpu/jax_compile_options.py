@@ -10,7 +10,7 @@ time (each from a fresh lowering, so none is found in JAX's cache), with:
 
 Prints the seconds and the working bytes of each plan:
 
-    KERAS_BACKEND=jax python3 -m benchmarks.jax_compile_options gpt2 --limit-mb 8192 --sizes 16 28
+    KERAS_BACKEND=jax python3 -m benchmarks.gpu.jax_compile_options gpt2 --limit-mb 8192 --sizes 16 28
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ sum against the step's working memory, and a reference measured apart:
 - JAX: `keras_memwatch.judge.xla_plan.working_bytes` (XLA's plan of `fit`'s
   step, with the batches a fit holds ahead on an accelerator).
 
-    KERAS_BACKEND=torch python -m benchmarks.by_layer_check --gpu
-    KERAS_BACKEND=jax python -m benchmarks.by_layer_check --gpu --json out.json
+    KERAS_BACKEND=torch python -m benchmarks.gpu.by_layer_check --gpu
+    KERAS_BACKEND=jax python -m benchmarks.gpu.by_layer_check --gpu --json out.json
 
 The last line printed is the result as JSON.
 """
