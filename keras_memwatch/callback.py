@@ -13,17 +13,16 @@ import keras
 import pandas as pd
 
 from keras_memwatch import options
-from keras_memwatch.files import open_new, refuse_existing
-from keras_memwatch.judge.derived import spike_table
+from keras_memwatch.files import refuse_existing
 from keras_memwatch.judge.events import SpikeEvent
-from keras_memwatch.judge.step_plan import PLAN_SOURCE
 from keras_memwatch.explain.report import summarize
 from keras_memwatch.record.batch_shapes import BatchShapes
 from keras_memwatch.record.csvlog import PathLike
 from keras_memwatch.record.probes import resolve_probes
-from keras_memwatch.record.recorder import concat_frames
 from keras_memwatch.record.sampler import Row, Sampler
-from keras_memwatch.session.call import CallRecord, CallSession
+from keras_memwatch.record.exports import write_csv, write_parquet
+from keras_memwatch.session.call import CallSession
+from keras_memwatch.session.record import WatchRecord
 from keras_memwatch.session.faults import Faults
 from keras_memwatch.session.settings import WatchSettings
 
@@ -58,37 +57,21 @@ def _never_raises(hook: Callable) -> Callable:
 class MemWatch(keras.callbacks.Callback):
     """Records memory at every batch and flags the batches that jump.
 
-    Passed to `fit`, `evaluate` or `predict`, at the start of the call and
-    at the end of every `every_n_batches`-th batch (training, validation,
-    evaluation or prediction), MemWatch reads every available memory source
-    and keeps one row per device:
+    Passed to `fit`, `evaluate` or `predict`, MemWatch reads every available
+    memory source (the framework's allocator, NVML, the host) at the start
+    of the call and at the end of every `every_n_batches`-th batch, and
+    keeps one row per device (columns: README, "What the columns mean"). A
+    step whose working memory jumps above a rolling baseline of its phase is
+    a spike: logged at WARNING, passed to `on_spike`, listed in `spikes`.
+    Steady growth over training is reported as drift.
 
-    - the framework allocator (`allocator_current_bytes`,
-      `allocator_peak_bytes`, `allocator_limit_bytes`): TensorFlow and
-      PyTorch give the peak since the previous sample; JAX only a
-      high-water mark for the life of the process;
-    - NVML (`nvml_used_bytes`, `nvml_total_bytes` for the whole device,
-      `process_bytes` for this process);
-    - the host (`host_rss_bytes`, `host_peak_rss_bytes`, the peak since the
-      previous sample on Linux).
-
-    `peak_bytes` and `current_bytes` are the best of these for each device,
-    in bytes; a value a source cannot give is missing, never 0. A step whose
-    working memory (peak minus the memory in use before it) jumps above a
-    rolling baseline of its phase (`train`, `test`, `predict`) is a spike:
-    logged at WARNING, passed to `on_spike`, and listed in `spikes`.
-    Sustained growth over an epoch of training is reported as drift.
-
-    A `fit` starts a new record; each `evaluate` and `predict` call after it
-    adds its rows, numbered by `call` (0 for the fit), `step` counting from
-    0 in each. `copy.deepcopy(watch)` gives a watch with the same options
-    that has recorded nothing (KerasTuner copies callbacks for each trial).
-    The callback is `async_safe`: with the JAX and PyTorch backends its
-    batch hook runs on Keras's worker threads and training stays
-    asynchronous.
+    A `fit` starts a new record; each `evaluate` and `predict` after it adds
+    its rows, numbered by `call`. `copy.deepcopy(watch)` gives a watch with
+    the same options that has recorded nothing. The callback is
+    `async_safe`: with JAX and PyTorch, training stays asynchronous.
 
     Args:
-        every_n_batches: sample every n-th training batch. Defaults to `1`.
+        every_n_batches: sample every n-th batch. Defaults to `1`.
         window: samples in the rolling baseline. Defaults to `50`.
         threshold: a spike needs a working memory above `threshold` times
             the baseline... Defaults to `1.5`.
@@ -97,41 +80,33 @@ class MemWatch(keras.callbacks.Callback):
         warmup: first samples of a fit that are recorded, never judged.
             Defaults to `5`.
         log_path: stream rows to this new CSV file as training runs, one
-            file per call (an existing file is never overwritten; a name
-            already taken, by another process or job or an earlier call of
-            the same instance, gives `name.1.csv`, `name.2.csv`, ...). When
-            several processes train, each writes its own file:
-            `name.rank{N}.csv`, or the path with `{rank}` replaced where it
-            has one. Inside a KerasTuner trial, the trial's id goes in the
-            name: `name.trial{ID}.csv`. Defaults to `None`.
-        on_spike: callable receiving each `SpikeEvent`. It is called on the
-            training thread at the start of the next batch (or at epoch
-            end). Returning `True` stops the call after the batch in
-            flight (as setting `model.stop_training`, `stop_evaluating` or
-            `stop_predicting` does); any other return value is ignored. Its
-            errors are logged, never raised. Defaults to `None`.
+            file per call. A file is never overwritten: a name already
+            taken gives `name.1.csv`, ...; each process of several writes
+            `name.rank{N}.csv` (or `{rank}` in the path is replaced), and a
+            KerasTuner trial `name.trial{ID}.csv`. Defaults to `None`.
+        on_spike: callable receiving each `SpikeEvent`, on the training
+            thread at the next batch's start (or the epoch's end). Returning
+            `True` stops the call after the batch in flight. Its errors are
+            logged, never raised. Defaults to `None`.
         add_to_logs: add `mem_peak_mib` and `mem_current_mib` (of the first
-            GPU, or of the host without one) to the batch and epoch `logs`,
-            so `History`, `CSVLogger` and the progress bar show them: the
-            figures of the batch's row. Where batch hooks run on Keras's
-            worker threads and a hook runs before an earlier batch's has
-            read, it logs the latest known batch's figures instead, as
-            `mem_peak_mib_prior_batch` and `mem_current_mib_prior_batch`.
-            Defaults to `True`.
-        allow_growth: apply `configure_memory` now. It only
-            works before the framework has set up its devices, which is
-            usually before the model is built: prefer calling
-            `keras_memwatch.configure_memory` first thing in the script.
-            Defaults to `None` (leave as is).
+            GPU, else the host) to the batch and epoch `logs` (`History`,
+            `CSVLogger`, the progress bar). A hook on a worker thread that
+            runs before an earlier batch's has read logs the latest known
+            figures as `mem_peak_mib_prior_batch` and
+            `mem_current_mib_prior_batch`. Defaults to `True`.
+        allow_growth: apply `configure_memory` now (only before the
+            framework has set up its devices: prefer calling
+            `keras_memwatch.configure_memory` first). Defaults to `None`
+            (leave as is).
         memory_limit_mb: likewise. Defaults to `None` (leave as is).
-        probes: `"auto"` (the active backend's allocator, NVML and the
-            host), a probe name, or a list of names and `Probe` instances.
-            Defaults to `"auto"`.
+        probes: `"auto"` (the backend's allocator, NVML and the host), a
+            probe name, or a list of names and `keras_memwatch.Probe`
+            instances. Defaults to `"auto"`.
         verbose: `0` records silently; `1` logs alerts and the summary.
             Defaults to `1`.
         max_rows: keep only the newest `max_rows` samples of each call in
-            memory (the streamed log stays complete), or all when `None`.
-            Defaults to `None`.
+            memory (the streamed log stays complete). Defaults to `None`
+            (all).
 
     Attributes:
         settings: the checked options (`WatchSettings`); each option is
@@ -193,7 +168,7 @@ class MemWatch(keras.callbacks.Callback):
                 allow_growth=allow_growth, memory_limit_mb=memory_limit_mb)
         self.log_paths: list[str] = []
         self.process, self.process_count, self.hostname = 0, 1, ""
-        self._calls: list[CallRecord] = []  # the last fit and the calls since
+        self._record = WatchRecord()  # the last fit and the calls since
         self._session: Optional[CallSession] = None  # the call being watched
         self._faults = Faults()
         self._shapes = BatchShapes()  # the input shapes a fit called the model with
@@ -232,11 +207,11 @@ class MemWatch(keras.callbacks.Callback):
     def __reduce__(self) -> tuple:
         """Pickles a watch that has recorded nothing (as its options);
         refuses one that has, saying what to do instead."""
-        if self._calls or self._session is not None:
+        if self._record.calls or self._session is not None:
             raise TypeError(
                 "Expected a MemWatch that has recorded nothing: its record, "
                 "threads and open probes cannot be pickled. Received: a watch "
-                f"that recorded {len(self._calls)} call(s). Pickle "
+                f"that recorded {len(self._record.calls)} call(s). Pickle "
                 "watch.to_dataframe() (or stream it with log_path=...) to send "
                 "the record, and copy.deepcopy(watch) or a new MemWatch(...) to "
                 "watch in another process.")
@@ -263,13 +238,14 @@ class MemWatch(keras.callbacks.Callback):
         self._close()
         self._faults.clear()
         if phase == "train":
-            self._calls, self._by_layer = [], None
-        session = CallSession(self, phase, len(self._calls), self.settings,
+            self._by_layer = None
+        call = 0 if phase == "train" else len(self._record.calls)
+        session = CallSession(self, phase, call, self.settings,
                               self._sampler, self._shapes, self.log_paths,
                               in_order=not self.async_safe, faults=self._faults)
         self.process, self.process_count = session.process, session.process_count
         self.hostname = session.hostname
-        self._calls.append(session.record)
+        self._record.add(session.record)
         self._session = session
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -309,7 +285,7 @@ class MemWatch(keras.callbacks.Callback):
         if not self._recording("train"):
             return
         self._finish()
-        if self.verbose and self._calls and self._calls[0].recorder.total_samples:
+        if self.verbose and self._record.fit and self._record.fit.recorder.total_samples:
             logger.info("%s", self.summary())
 
     @_never_raises
@@ -342,23 +318,16 @@ class MemWatch(keras.callbacks.Callback):
     def to_dataframe(self) -> pd.DataFrame:
         """The record: one row per sample per device, of the last fit and
         of the `evaluate` and `predict` calls since (or of those calls
-        alone, without a fit).
-
-        Each call's rows carry its `call` number (0, 1, ...) and count
-        `step` from 0; `phase` says `train`, `test` (validation inside a
-        fit, or `evaluate`) or `predict`. Columns and dtypes are listed in
-        the README; bytes are nullable integers (`Int64`), missing where a
-        source cannot give a value.
-        """
+        alone), each numbered by `call`, with `step` from 0 in each.
+        Columns are listed in the README; bytes are nullable `Int64`."""
         if self._session is not None:
             self._session.drain()
-        return concat_frames([c.recorder.to_dataframe() for c in self._calls])
+        return self._record.to_dataframe()
 
     @property
     def spikes(self) -> pd.DataFrame:
-        """The spike events of the record, one row each (with their
-        `phase` and `call`)."""
-        return spike_table([e for c in self._calls for e in c.monitor.events])
+        """The spike events of the record, one row each."""
+        return self._record.spikes()
 
     @property
     def training(self) -> bool:
@@ -367,21 +336,8 @@ class MemWatch(keras.callbacks.Callback):
 
     @property
     def sources(self) -> dict[str, str]:
-        """What each probe of the last call could see, or why it could not."""
-        notes = dict(self._sampler.notes)
-        fit = self._fit()
-        if fit is not None and fit.planner is not None:
-            quiet = {d: n for d, n in zip(fit.monitor.devices,
-                                          fit.monitor.compiling) if n}
-            notes[PLAN_SOURCE] = fit.planner.describe(quiet)
-        elif fit is not None and fit.plan_note:
-            notes[PLAN_SOURCE] = fit.plan_note
-        return notes
-
-    def _fit(self) -> Optional[CallRecord]:
-        """The record's fit, or None."""
-        first = self._calls[0] if self._calls else None
-        return first if first is not None and first.phase == "train" else None
+        """What each source of the last call could see, or why it could not."""
+        return self._record.sources(self._sampler.notes)
 
     def sample_now(self) -> dict[str, Row]:
         """Reads every probe now, during a call, without recording the sample.
@@ -408,16 +364,12 @@ class MemWatch(keras.callbacks.Callback):
 
     def by_layer(self, batch_size: Optional[int] = None,
                  expand_nested: bool = True) -> pd.DataFrame:
-        """Splits the fit's step working memory over the model's layers.
-
-        The table of `keras_memwatch.memory_by_layer`, for the first input
-        shape the fit called the model with, its last row the rest of the
-        working memory of a typical step that the record measured. No
-        training step runs: PyTorch measures one forward pass at that shape,
-        the other backends call the model symbolically. Where the fit saw
+        """Splits the fit's step working memory over the model's layers: the
+        table of `keras_memwatch.memory_by_layer` at the fit's first input
+        shape, its last row the rest of a typical step's working memory as
+        the record measured it. No training step runs. Where the fit saw
         larger inputs later, `attrs["grew"]` names the layer whose
-        activations grew most. `summary()` shows the table's top layers
-        once it is computed.
+        activations grew most; `summary()` then shows the top layers.
 
         Args:
             batch_size: the batch size to split. Defaults to `None`: the
@@ -436,28 +388,23 @@ class MemWatch(keras.callbacks.Callback):
             options.positive_int("batch_size", batch_size)
         options.boolean("expand_nested", expand_nested)
         self._by_layer = memory_by_layer_of_fit(
-            self.model, self._shapes.seen if self._fit() else [], self.breakdown(),
+            self.model, self._shapes.seen if self._record.fit else [], self.breakdown(),
             batch_size, expand_nested)
         return self._by_layer
 
     def plot(self, path: Optional[PathLike] = None, ax: Any = None,
              overwrite: bool = False) -> Any:
-        """Draws memory over steps per device (needs matplotlib).
+        """Draws memory over steps per device (needs matplotlib); returns the
+        `Figure`.
 
         Args:
             path: save the figure there (`.png`, `.svg`, ...). Defaults to
                 `None`.
-            ax: draw into this matplotlib `Axes`. Defaults to `None` (a new
-                figure).
+            ax: draw into this matplotlib `Axes`. Defaults to `None`.
             overwrite: replace an existing file at `path`. Defaults to
                 `False`.
 
-        Returns:
-            The matplotlib `Figure`.
-
         Raises:
-            TypeError: for a `path` that is not a path, or an `overwrite`
-                that is not a bool.
             FileExistsError: if `path` exists and `overwrite` is `False`,
                 before anything is drawn.
         """
@@ -468,38 +415,23 @@ class MemWatch(keras.callbacks.Callback):
 
     def summary(self, batch_size: Optional[int] = None) -> str:
         """A short report of the record: where the memory went (weights,
-        optimizer state, a step's working memory, and where `by_layer()`
-        has run, the layers that hold it), peak and typical memory
-        per device, limit and headroom, spikes, for the training steps and
-        apart for the test and predict batches; drift, and what each source
-        could and could not see.
+        optimizer state, a step's working memory, the layers where
+        `by_layer()` ran), peak and typical memory per device, limit and
+        headroom, spikes per phase, drift, and what each source could see.
 
         Args:
             batch_size: the training batch size, to give a step's working
                 memory per sample. Defaults to `None`.
         """
-        fit = self._fit()
-        drift = fit.monitor.drift_events if fit is not None else []
-        rises = fit.monitor.rise_events if fit is not None else []
+        drift, rises = self._record.drift()
         return summarize(self.to_dataframe(), self.spikes, drift, self.sources,
                          breakdown=self.breakdown(batch_size), rises=rises,
                          by_layer=self._by_layer)
 
     def guard(self, report_dir: Optional[PathLike] = None, last_n: int = 20) -> Any:
-        """Guards a `fit` call: on out-of-memory, writes what was happening.
-
-        A callback cannot catch the error that ends `fit`, so wrap the call:
-
-        ```python
-        with watch.guard():
-            model.fit(x, y, callbacks=[watch])
-        ```
-
-        On an out-of-memory error (TensorFlow `ResourceExhaustedError`, JAX
-        `RESOURCE_EXHAUSTED`, PyTorch `OutOfMemoryError`) it writes a text
-        report (the last samples, the breakdown, the spikes, what the step
-        tried to allocate) and the record as CSV next to `log_path` (or in
-        `report_dir`), then re-raises the original exception unchanged.
+        """Guards a `fit` call (`with watch.guard(): model.fit(...)`): on an
+        out-of-memory error it writes what was happening next to `log_path`
+        (see `keras_memwatch.oom_guard`) and re-raises the error unchanged.
 
         Args:
             report_dir: where to write the report. Defaults to `None`
@@ -522,37 +454,19 @@ class MemWatch(keras.callbacks.Callback):
     def to_csv(self, path: PathLike, overwrite: bool = False) -> None:
         """Writes the record as CSV, readable by `keras_memwatch.load_log`.
 
-        Args:
-            path: the file to write.
-            overwrite: replace an existing file. Defaults to `False`.
-
         Raises:
             FileExistsError: if `path` exists and `overwrite` is `False`.
         """
-        frame = self.to_dataframe()
-        with open_new(path, overwrite) as f:
-            frame.to_csv(f, index=False)
+        write_csv(self.to_dataframe(), path, overwrite)
 
     def to_parquet(self, path: PathLike, overwrite: bool = False) -> None:
-        """Writes the record as Parquet (needs `pip install pyarrow`).
-
-        Args:
-            path: the file to write.
-            overwrite: replace an existing file. Defaults to `False`.
+        """Writes the record as Parquet (needs pyarrow).
 
         Raises:
             FileExistsError: if `path` exists and `overwrite` is `False`.
             ImportError: without pyarrow.
         """
-        try:
-            import pyarrow  # noqa: F401
-        except ImportError:
-            raise ImportError(
-                "MemWatch.to_parquet needs pyarrow: pip install pyarrow "
-                "(or pip install 'keras-memwatch[parquet]')") from None
-        frame = self.to_dataframe()
-        with open_new(path, overwrite, binary=True) as f:
-            frame.to_parquet(f, index=False)
+        write_parquet(self.to_dataframe(), path, overwrite)
 
 
 def _asynchronous_steps() -> bool:

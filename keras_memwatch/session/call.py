@@ -5,12 +5,11 @@ It owns everything that lives for one call: the pipeline (its lock, pending
 reads and drain thread) and its consumers (the judge, the recorder, the
 streamed log, Keras's logs figures), the batch hooks on the callback, the
 spike delivery, and XLA's planner of a fit's steps. What outlives the call
-is its `CallRecord`: the rows and the spike monitor's events.
+is its `CallRecord` (`session.record`): the rows and the judged events.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from typing import Any, Callable, Optional
@@ -33,29 +32,11 @@ from keras_memwatch.record.tuner_trial import tuner_trial_id
 from keras_memwatch.session import batch_hooks
 from keras_memwatch.session.faults import Faults
 from keras_memwatch.session.logs_figures import LogsFigures
+from keras_memwatch.session.record import CallRecord
 from keras_memwatch.session.settings import WatchSettings
 from keras_memwatch.session.spike_delivery import SpikeDelivery
 
 logger = logging.getLogger("keras_memwatch")
-
-
-@dataclasses.dataclass
-class CallRecord:
-    """What a watched call leaves: its rows and its judged events.
-
-    Attributes:
-        phase: `"train"` for a fit, `"test"` or `"predict"`.
-        recorder: its rows.
-        monitor: its spike monitor (spikes, drift and rises).
-        planner: XLA's planner of a fit's steps (JAX), or `None`.
-        plan_note: why a fit has no planner on JAX, else `""`.
-    """
-
-    phase: str
-    recorder: Recorder
-    monitor: SpikeMonitor
-    planner: Optional[StepPlanner] = None
-    plan_note: str = ""
 
 
 class CallSession:
