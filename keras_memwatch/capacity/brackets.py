@@ -1,8 +1,9 @@
 """Whether the record brackets an answer, and, where not, why.
 
 An answer under a headroom is *bracketed* when the record holds a size at
-or below it that fits the room of that headroom and, at most `RESOLUTION`
-above it, a size that does not (under the whole limit: one that failed).
+most `RESOLUTION` below it (or at it) and, at most `RESOLUTION` above it,
+a size that the record reads as not fitting the room of that headroom
+(under the whole limit: one that failed).
 The search closes each bracket (`search.Search`); what it leaves open is
 said in the estimate's explanation.
 """
@@ -43,12 +44,23 @@ def room_gap(evidence: Evidence, headroom: float
 
 
 def bracketed(evidence: Evidence, headroom: float) -> bool:
-    """Whether the answer under `headroom` lies in a bracket no wider than
-    `RESOLUTION`."""
+    """Whether the answer `b` under `headroom` is bracketed: a size in
+    `[b - step, b]` was measured (it fits, by the rule), and one in
+    `(b, b + step]` that the record reads as needing more than the room,
+    `step` being `RESOLUTION` of `b` (at least 1)."""
     b = evidence.batch_size_for(headroom)
-    low, high, _ = room_gap(evidence, headroom)
-    return (b is not None and low is not None and high is not None
-            and low <= b < high and high - low <= max(1, int(RESOLUTION * low)))
+    needs = evidence.needs()
+    if not b or needs is None:
+        return False
+    step = max(1, int(RESOLUTION * b))
+    reading = dict(needs)
+    room = evidence.room(headroom)
+    seen = [o for o in evidence.observations if o.how != AIMED or o.ladder]
+    below = any(b - step <= o.batch_size <= b for o in seen)
+    above = any(b < o.batch_size <= b + step and o.how != AIMED
+                and (evidence.failed(o) or reading.get(o.batch_size, 0.0) > room)
+                for o in seen)
+    return below and above
 
 
 def left_open(evidence: Evidence, headroom: float, above_limit: bool, *,

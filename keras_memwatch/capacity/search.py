@@ -185,7 +185,8 @@ class Search:
                 return o.ladder
             return (o.how == AIMED and not o.ladder) == (kind == "aim") and not o.ladder
         pool = [o for o in self.observations if same(o)]
-        scale = 2.0 if not pool and kind == "check" else 1.0
+        scale = (2.0 if not pool and kind == "check" and self.strategy.how == PLAN
+                 else 1.0)
         pool = pool or self.observations
         if not pool:
             return 0.0
@@ -226,6 +227,7 @@ class Search:
                          and not self.observations else [])
             made = self._ask("ladder", queue, calibrate)
             if not made or self.out_of_time:
+                self.stopped = f"out of time (max_seconds) after batch {max(queue)}"
                 break
             failed = [o.batch_size for o in made if not o.ran and o.ladder]
             if failed:
