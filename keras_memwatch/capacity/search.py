@@ -46,6 +46,7 @@ round of GPT-2-base's step takes as long as one compilation.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Sequence
 from typing import Callable, Optional, Protocol
 
@@ -115,6 +116,8 @@ class Search:
         #: Each answer left open (by headroom), and why.
         self.open: dict[float, str] = {}
         self.out_of_time = False
+        #: Each round: `(kind, sizes asked, wall seconds)`.
+        self.rounds: list[tuple[str, list[int], float]] = []
         self._headroom = 0.0
 
     @property
@@ -145,6 +148,7 @@ class Search:
         `"check"`), and `checks` beside them where the strategy measures
         both kinds in one round; shown, and added to the record."""
         sizes, checks = list(sizes), list(checks)
+        began = time.perf_counter()
         if checks and hasattr(self.strategy, "measure"):
             made = self.strategy.measure(sizes, checks, ladder=kind == "ladder")
         else:
@@ -152,6 +156,7 @@ class Search:
             if checks:
                 made += self.strategy.check(checks)
         self.observations += made
+        self.rounds.append((kind, sizes + checks, time.perf_counter() - began))
         if self.progress is not None:
             best = (self.evidence.batch_size_for(self._headroom)
                     if self.strategy.limit is not None else None)
@@ -176,24 +181,21 @@ class Search:
         return not self.out_of_time
 
     def _expected(self, kind: str, sizes: Sequence[int]) -> float:
-        """Seconds a round of `sizes` is expected to take, from the rounds
-        before it: compilations side by side take as long as the slowest
-        of their kind (a first check as `fit` compiles it, twice a quick
-        plan); steps one after another, in proportion to the batch."""
-        def same(o: Observation) -> bool:
-            if kind == "ladder":
-                return o.ladder
-            return (o.how == AIMED and not o.ladder) == (kind == "aim") and not o.ladder
-        pool = [o for o in self.observations if same(o)]
+        """Seconds a round of `sizes` is expected to take, from the wall
+        time of the rounds before it (setting up included): compilations
+        side by side take as long as the slowest round of their kind (a
+        first check as `fit` compiles it, twice the slowest before it);
+        steps, one size after another, in proportion to the batch."""
+        pool = [r for r in self.rounds if r[0] == kind]
         scale = (2.0 if not pool and kind == "check" and self.strategy.how == PLAN
                  else 1.0)
-        pool = pool or self.observations
+        pool = pool or self.rounds
         if not pool:
             return 0.0
         if self.strategy.how == PLAN:
-            return scale * max(o.seconds for o in pool)
-        return scale * sum(max(o.seconds * max(b / o.batch_size, 1.0) for o in pool)
-                           for b in sizes)
+            return scale * max(seconds for _, _, seconds in pool)
+        return scale * sum(max(seconds / len(asked) * max(b / max(asked), 1.0)
+                               for _, asked, seconds in pool) for b in sizes)
 
     # -- the ladder ----------------------------------------------------------
 

@@ -60,15 +60,14 @@ def test_the_first_two_sizes_are_measured_however_short_the_time():
 def test_expected_round_time_comes_from_the_rounds_before():
     fake = SlowFake(lambda b: 10 * MIB * b, delay=0.0)
     search = S.Search(fake, on_gpu=True, host_largest=None)
-    search.observations += fake.ladder([1, 2])
-    search.observations = [o.__class__(o.batch_size, o.need_bytes, o.how, o.ran,
-                                       o.ladder, seconds=0.5)
-                           for o in search.observations]
+    search.rounds = [("ladder", [1], 0.5), ("ladder", [2], 0.5)]
     # steps: in proportion to the batch (0.5 s at batch 1 and at 2)
     assert search._expected("check", [4]) == pytest.approx(0.5 * 4)
     assert search._expected("check", [4, 8]) == pytest.approx(0.5 * 12)
-    # compilations side by side: the slowest; a first one as `fit` compiles
-    # it, twice a quick plan
+    # compilations side by side: the slowest round; a first one as `fit`
+    # compiles it, twice that
     fake.how = "plan"
     assert search._expected("ladder", [16, 32]) == pytest.approx(0.5)
     assert search._expected("check", [16, 32]) == pytest.approx(1.0)
+    search.rounds.append(("check", [16, 17], 0.8))
+    assert search._expected("check", [18]) == pytest.approx(0.8)
