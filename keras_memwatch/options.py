@@ -154,3 +154,45 @@ def batch_sizes(name: str, value: Any) -> list[int]:
     if min(sizes, default=0) < 1 or len(set(sizes)) < 2:
         raise expected(name, what, value)
     return sorted({int(s) for s in sizes})
+
+
+def optional_seconds(name: str, value: Any) -> Optional[float]:
+    """A positive number of seconds, or `None` for no limit."""
+    if value is None:
+        return None
+    if not _is_number(value):
+        raise expected(name, "a positive number of seconds or None", value, TypeError)
+    if not 0 < value < math.inf:  # also refuses NaN
+        raise expected(name, "a positive number of seconds or None", value)
+    return float(value)
+
+
+def verbosity(name: str, value: Any) -> Any:
+    """`"auto"`, `0`, `1` or `2`, as `fit`'s `verbose`."""
+    what = "'auto', 0, 1 or 2"
+    if isinstance(value, str):
+        if value != "auto":
+            raise expected(name, what, value)
+        return value
+    if not _is_int(value):
+        raise expected(name, what, value, TypeError)
+    if value not in (0, 1, 2):
+        raise expected(name, what, value)
+    return int(value)
+
+
+def cache_directory(name: str, value: Any) -> Any:
+    """A directory path (`str` or `os.PathLike`, created where missing),
+    `True` (a default directory), or `False`/`None` (none)."""
+    what = "a directory path, True (a default directory) or None"
+    if value is None or isinstance(value, bool):
+        return value
+    if not isinstance(value, (str, os.PathLike)):
+        raise expected(name, what, value, TypeError)
+    text = os.fspath(value)
+    if not isinstance(text, str) or not text.strip():
+        raise expected(name, what, value)
+    full = os.path.abspath(os.path.expanduser(text))
+    if os.path.exists(full) and not os.path.isdir(full):
+        raise expected(name, f"{what} ({full} is a file)", value)
+    return full

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Sequence
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from keras_memwatch import options
+from keras_memwatch.capacity.deadline import Deadline
+from keras_memwatch.capacity.progress import Progress
 from keras_memwatch.measure.batches import Batches
 from keras_memwatch.measure.device import Device
 from keras_memwatch.measure.host_memory import host_available_bytes
 from keras_memwatch.measure.model_state import ModelState, build_for_training
 from keras_memwatch.capacity.result import CapacityEstimate
 from keras_memwatch.capacity.search import Search, host_largest_batch
+from keras_memwatch.configure.compilation_cache import use_compilation_cache
 from keras_memwatch.units import format_bytes
 
 logger = logging.getLogger("keras_memwatch")
@@ -35,6 +39,9 @@ def estimate_max_batch_size(
     method: str = "auto",
     fresh_process: bool = False,
     progress: Optional[Callable[[str], None]] = None,
+    max_seconds: Optional[float] = None,
+    compilation_cache: Union[None, bool, str, "os.PathLike[str]"] = None,
+    verbose: Union[str, int] = "auto",
 ) -> CapacityEstimate:
     """Finds the largest training batch that fits in the device's memory.
 
@@ -75,15 +82,36 @@ def estimate_max_batch_size(
             `.keras` file) rather than in this one, where a process that
             has trained can fit a few percent more than a job started
             afresh. Slower: a process start per size. Defaults to `False`.
-        progress: receives a line per size measured. Defaults to `None`:
-            the `keras_memwatch` logger at INFO.
+        progress: receives a line per size measured, whatever `verbose`
+            says. Defaults to `None`: the `keras_memwatch` logger at INFO.
+        max_seconds: stop asking after this many seconds: no round starts
+            that the rounds before it say cannot end in time, and
+            compilations still running then are abandoned. The answers are
+            the record's so far; `left_open` and the explanation say which
+            are not bracketed. The first two sizes of the ladder, without
+            which nothing can be answered, are always measured. Defaults
+            to `None`: no limit.
+        compilation_cache: JAX: a directory for JAX's persistent
+            compilation cache (created where missing), or `True` for
+            `~/.cache/keras_memwatch/jax` (under `$XDG_CACHE_HOME` where
+            set), so that a second estimate, and the `fit` that follows in
+            a new process, find the compilations on disk. A cache the user
+            set (`jax_compilation_cache_dir`, `JAX_COMPILATION_CACHE_DIR`)
+            always wins. PyTorch, TensorFlow: accepted, does nothing.
+            Defaults to `None`: none set.
+        verbose: `"auto"`, `0`, `1` or `2`, as `fit`'s: `1` draws a
+            `keras.utils.Progbar` of the search's rounds (sizes asked, the
+            best answer so far, seconds), `2` prints one line per round, `0`
+            shows nothing. Defaults to `"auto"`: `1` where the output is a
+            terminal or a notebook, else `2`.
 
     Returns:
         A `CapacityEstimate`.
 
     Raises:
         ValueError: for a model that is not compiled, or a bad `headroom`,
-            `trial_sizes`, `device` or `method`.
+            `trial_sizes`, `device`, `method`, `max_seconds`,
+            `compilation_cache` or `verbose`.
         TypeError: for arguments of the wrong type, or `x`/`y` that are not
             arrays.
 
@@ -101,7 +129,10 @@ def estimate_max_batch_size(
                                                                  trial_sizes)
     options.choice("method", method, METHODS)
     options.boolean("fresh_process", fresh_process)
-    say = options.optional_callable("progress", progress) or _log
+    callback = options.optional_callable("progress", progress)
+    max_seconds = options.optional_seconds("max_seconds", max_seconds)
+    cache = options.cache_directory("compilation_cache", compilation_cache)
+    verbose = options.verbosity("verbose", verbose)
     if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", True):
         raise ValueError(
             "Expected a compiled model (call `model.compile(optimizer=..., loss=...)` "
@@ -110,6 +141,9 @@ def estimate_max_batch_size(
 
     backend = keras.backend.backend()
     data = Batches(x, y)
+    use_compilation_cache(cache, backend=backend)
+    shown = Progress(verbose, callback, began)
+    say = shown.line
     build_for_training(model, data.take(1))
     state = ModelState(model)
     dev = Device(backend, device)
@@ -118,7 +152,8 @@ def estimate_max_batch_size(
         strategy = _strategy(method, backend, dev, model, data, fresh_process, say)
         search = Search(strategy, dev.on_gpu,
                         host_largest_batch(data.bytes_per_sample,
-                                           host_available_bytes()[0]))
+                                           host_available_bytes()[0]),
+                        deadline=Deadline(max_seconds, began), progress=shown)
         evidence = search.run(headroom, sizes)
     finally:
         try:
@@ -132,13 +167,11 @@ def estimate_max_batch_size(
         limit_detail=strategy.limit_words,
         refusal=_refusal(evidence, strategy, search.stopped),
         stopped=search.stopped, unsettled=search.checks_left,
-        samples_given=data.n, seconds=round(time.perf_counter() - began, 2))
+        samples_given=data.n, seconds=round(time.perf_counter() - began, 2),
+        max_seconds=max_seconds, left_open=dict(search.open))
+    shown.done(estimate.predicted_batch_size)
     logger.info("%s", estimate.explanation)
     return estimate
-
-
-def _log(message: str) -> None:
-    logger.info("%s", message)
 
 
 def _strategy(method: str, backend: str, dev: Device, model: Any, data: Batches,

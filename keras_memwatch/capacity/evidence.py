@@ -228,6 +228,16 @@ class Evidence:
                 answer = fitted
         return max(answer, 0)
 
+    def crossing(self, headroom: float) -> Optional[int]:
+        """Where the record's reading of the need crosses `room(headroom)`,
+        not capped at the sizes seen to fail: where to look next, never an
+        answer. `None` without a line or a limit."""
+        needs = self.needs()
+        line = self.line
+        if needs is None or line is None:
+            return None
+        return max(_first_over(needs, line, self.room(headroom)) - 1, 0)
+
     @property
     def largest_fitting(self) -> Optional[int]:
         """The largest size seen to fit below the smallest that failed, where

@@ -33,6 +33,10 @@ class CapacityEstimate:
         unsettled: what the checks left open, or `""`.
         samples_given: how many samples the batches were grown from.
         seconds: how long the estimate took.
+        max_seconds: the time it was given, or `None`.
+        left_open: each answer the record does not bracket to 2% (a size
+            that fits the room of that headroom, and one at most 2% above
+            it that does not), by headroom, with why, in words.
     """
 
     evidence: Evidence
@@ -46,6 +50,8 @@ class CapacityEstimate:
     unsettled: str = ""
     samples_given: int = 0
     seconds: float = 0.0
+    max_seconds: Optional[float] = None
+    left_open: dict[float, str] = dataclasses.field(default_factory=dict)
 
     # -- answers -------------------------------------------------------------
 
@@ -219,6 +225,12 @@ class CapacityEstimate:
                      self.unsettled):
             if note:
                 parts.append(note[0].upper() + note[1:] + ".")
+        if self.left_open and "out of time" not in self.unsettled:
+            parts.append("Not bracketed to 2%: " + "; ".join(
+                f"under {h:.0%} headroom, {why}" for h, why in self.left_open.items())
+                + ".")
+        if self.max_seconds is not None:
+            parts.append(f"{self.seconds:.1f} s of max_seconds={self.max_seconds:g}.")
         return " ".join(parts)
 
     def __str__(self) -> str:

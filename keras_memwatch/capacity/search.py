@@ -22,8 +22,22 @@ does it run?"; this module decides which b to ask about:
    once (`check_width`: compilations side by side, or one real step).
    Where the strategy has a quicker, rougher way (XLA's plans without
    autotuning), it brackets the answers with that first, a wide round at
-   a time (`FAN` above the answer, where XLA may recompute), and the
-   checks start at the answers it found.
+   a time (`FAN` above the answer, where XLA may recompute). The
+   ladder's first round also compiles its largest size as `fit` compiles
+   it, and every quick plan is read through the ratio of the two kinds
+   (`calibration`, updated by every check); the checks start at the
+   answers the calibrated quick plans give, each answer and the size
+   above it in one round.
+3. Every answer's bracket is closed to `RESOLUTION`: the gap between the
+   largest size that fits the room of that headroom and the smallest
+   that does not (under the whole limit: that failed) is cut, where its
+   sizes may be tried (below a size that ran, or under a cap).
+
+With a `Deadline`, no round starts that the rounds before it say cannot
+end in time, and the strategy abandons what is still compiling when it
+passes; only the first two sizes of the ladder (without which nothing
+can be answered) are always measured. `open` says which answers were
+left open, and why.
 
 The time goes in rounds, not sizes, where sizes compile side by side: a
 round of GPT-2-base's step takes as long as one compilation.
@@ -32,10 +46,15 @@ round of GPT-2-base's step takes as long as one compilation.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Sequence
 from typing import Callable, Optional, Protocol
 
+from keras_memwatch.capacity.brackets import RESOLUTION, bracketed, left_open, room_gap
+from keras_memwatch.capacity.calibration import calibrated
+from keras_memwatch.capacity.deadline import Deadline
 from keras_memwatch.capacity.evidence import AIMED, PLAN, Evidence, Observation
+from keras_memwatch.capacity.progress import Progress
 
 START = 1
 TARGET = 0.25  # the ladder's largest need, of the whole room
@@ -43,7 +62,6 @@ SAFE = 0.5  # never try a size expected to need more, of the room
 HOST_BATCH = 0.05  # a trial batch's arrays, of the host's available memory
 SLOW_S = 2.0  # on the host, the ladder stops after a size this slow
 MAX_LADDER = 12
-RESOLUTION = 0.02
 MAX_CHECKS = 12
 MAX_AIMED = 16  # quick, aimed plans (JAX on a GPU): two rounds of eight
 #: Where quick plans have not yet failed above an answer, they also ask
@@ -62,6 +80,9 @@ class Strategy(Protocol):
     above_limit: bool
     ladder_width: int
     check_width: int  # sizes a round of checks asks about
+    # Optional: `aims` and `aim(sizes)` (quick plans), `measure(aims,
+    # checks)` (both kinds in one round), `deadline` (a `perf_counter()`
+    # time after which work in flight is abandoned, or `None`).
 
     def ladder(self, sizes: Sequence[int]) -> list[Observation]: ...
 
@@ -77,16 +98,27 @@ class Search:
             host's limit would swap the machine).
         host_largest: the largest batch whose arrays the host has room for,
             or `None`.
+        deadline: when to stop asking. Defaults to `None`: no limit.
+        progress: shows each round. Defaults to `None`: nothing shown.
     """
 
     def __init__(self, strategy: Strategy, on_gpu: bool,
-                 host_largest: Optional[int]):
+                 host_largest: Optional[int], *, deadline: Optional[Deadline] = None,
+                 progress: Optional[Progress] = None):
         self.strategy = strategy
         self.on_gpu = on_gpu
         self.host_largest = host_largest
+        self.deadline = deadline if deadline is not None else Deadline(None)
+        self.progress = progress
         self.observations: list[Observation] = []
         self.stopped = ""  # why the ladder stopped where it did
         self.checks_left = ""  # what the checks left open
+        #: Each answer left open (by headroom), and why.
+        self.open: dict[float, str] = {}
+        self.out_of_time = False
+        #: Each round: `(kind, sizes asked, wall seconds)`.
+        self.rounds: list[tuple[str, list[int], float]] = []
+        self._headroom = 0.0
 
     @property
     def evidence(self) -> Evidence:
@@ -95,15 +127,91 @@ class Search:
 
     def run(self, headroom: float, sizes: Optional[Sequence[int]]) -> Evidence:
         """The ladder (or `sizes`), then the checks; the record."""
+        self._headroom = headroom
         if sizes is not None:
-            self.observations += self.strategy.ladder(sizes)
+            self._given(list(sizes))
         else:
             self._climb()
-        if self.on_gpu and self.strategy.limit is not None:
+        if self.on_gpu and self.strategy.limit is not None and not self.out_of_time:
             self._check(headroom)
+        if (self.on_gpu or self.out_of_time) and self.strategy.limit is not None:
+            self._say_open(headroom)
+        if self.out_of_time and not self.stopped and self.evidence.line is None:
+            self.stopped = "out of time"
         return self.evidence
 
+    # -- asking, in rounds, within the time ---------------------------------
+
+    def _ask(self, kind: str, sizes: Sequence[int],
+             checks: Sequence[int] = ()) -> list[Observation]:
+        """One round: `sizes` measured by `kind` (`"ladder"`, `"aim"`,
+        `"check"`), and `checks` beside them where the strategy measures
+        both kinds in one round; shown, and added to the record."""
+        sizes, checks = list(sizes), list(checks)
+        began = time.perf_counter()
+        if checks and hasattr(self.strategy, "measure"):
+            made = self.strategy.measure(sizes, checks, ladder=kind == "ladder")
+        else:
+            made = getattr(self.strategy, kind)(sizes) if sizes else []
+            if checks:
+                made += self.strategy.check(checks)
+        self.observations += made
+        self.rounds.append((kind, sizes + checks, time.perf_counter() - began))
+        if self.progress is not None:
+            best = (self.evidence.batch_size_for(self._headroom)
+                    if self.strategy.limit is not None else None)
+            self.progress.round(kind, sizes + checks, best)
+        if self.deadline.passed and self._answerable():
+            self.out_of_time = True
+        return made
+
+    def _answerable(self) -> bool:
+        """Whether the record can answer: the time limit binds from here."""
+        return self.evidence.line is not None
+
+    def _in_time(self, kind: str, sizes: Sequence[int]) -> bool:
+        """Whether a round of `sizes` can end before the deadline (always,
+        until the record can answer). Arms the strategy's own deadline."""
+        if self.deadline.at is None or not self._answerable():
+            return True
+        if hasattr(self.strategy, "deadline"):
+            self.strategy.deadline = self.deadline.at
+        if not self.deadline.allows(self._expected(kind, sizes)):
+            self.out_of_time = True
+        return not self.out_of_time
+
+    def _expected(self, kind: str, sizes: Sequence[int]) -> float:
+        """Seconds a round of `sizes` is expected to take, from the wall
+        time of the rounds before it (setting up included): compilations
+        side by side take as long as the slowest round of their kind (a
+        first check as `fit` compiles it, twice the slowest before it);
+        steps, one size after another, in proportion to the batch."""
+        pool = [r for r in self.rounds if r[0] == kind]
+        scale = (2.0 if not pool and kind == "check" and self.strategy.how == PLAN
+                 else 1.0)
+        pool = pool or self.rounds
+        if not pool:
+            return 0.0
+        if self.strategy.how == PLAN:
+            return scale * max(seconds for _, _, seconds in pool)
+        return scale * sum(max(seconds / len(asked) * max(b / max(asked), 1.0)
+                               for _, asked, seconds in pool) for b in sizes)
+
     # -- the ladder ----------------------------------------------------------
+
+    def _given(self, sizes: list[int]) -> None:
+        """`trial_sizes`: a round at once where sizes compile side by side,
+        else one at a time while there is time."""
+        if self.strategy.ladder_width > 1:
+            self._ask("ladder", sizes)
+            return
+        for i, b in enumerate(sizes):
+            if not self._in_time("ladder", [b]):
+                self.stopped = (f"out of time (max_seconds) after batch "
+                                f"{sizes[i - 1]}; not measured: "
+                                + ", ".join(map(str, sizes[i:])))
+                return
+            self._ask("ladder", [b])
 
     def _climb(self) -> None:
         room = (self.evidence.room(0.0) if self.strategy.limit is not None
@@ -111,9 +219,19 @@ class Search:
         queue = ([START, 2 * START, 4 * START, 8 * START]
                  if self.strategy.ladder_width > 1 else [START])
         while queue and len(self._ladder_sizes()) < MAX_LADDER:
-            made = self.strategy.ladder(queue)
-            self.observations += made
-            failed = [o.batch_size for o in made if not o.ran]
+            if not self._in_time("ladder", queue):
+                self.stopped = (f"out of time (max_seconds) before batch "
+                                f"{max(queue)}")
+                return
+            # Where quick plans aim, the first round also compiles its
+            # largest size as `fit` compiles it: the ratio calibrates them.
+            calibrate = ([max(queue)] if getattr(self.strategy, "aims", False)
+                         and not self.observations else [])
+            made = self._ask("ladder", queue, calibrate)
+            if not made or self.out_of_time:
+                self.stopped = f"out of time (max_seconds) after batch {max(queue)}"
+                break
+            failed = [o.batch_size for o in made if not o.ran and o.ladder]
             if failed:
                 self.stopped = f"batch {min(failed)} ran out of memory"
                 break
@@ -163,56 +281,89 @@ class Search:
             return
         low, high = sizes
         between = sorted({(low + high) // 2, (low + 3 * high) // 4} - {low, high})
-        if between:
-            self.observations += self.strategy.ladder(between)
+        if between and self._in_time("ladder", between):
+            self._ask("ladder", between)
 
     # -- the checks ----------------------------------------------------------
 
     def _aimed(self) -> Evidence:
-        """The record as the quick, aimed plans see it: each read as a plan."""
-        return Evidence(tuple(dataclasses.replace(o, how=PLAN)
-                              if o.how == AIMED and not o.ladder else o
-                              for o in self.observations),
-                        self.strategy.limit, self.strategy.in_use)
+        """The record as the quick plans, calibrated, see it."""
+        return calibrated(self.evidence)
 
     def _check(self, headroom: float) -> None:
         targets = [headroom] + ([0.0] if headroom > 0 and
                                 self.strategy.above_limit else [])
         if getattr(self.strategy, "aims", False):
-            # Quick plans bracket the answers first; the first checks then
-            # ask about the aimed answers, and the size above the ceiling.
-            self._rounds(targets, self._aimed, self.strategy.aim, MAX_AIMED,
+            # Quick plans, calibrated, bracket the answers first.
+            self._rounds(targets, self._aimed, "aim", MAX_AIMED,
                          self.strategy.ladder_width)
-            aimed = self._aimed()
-            first = {aimed.batch_size_for(h) for h in targets}
-            ceiling = aimed.batch_size_for(targets[-1])
-            if ceiling and self.strategy.above_limit:
-                first.add(ceiling + max(1, int(RESOLUTION * ceiling)))
-            first.discard(0)
-            first.discard(None)
-            self.observations += self.strategy.check(sorted(first))
-        asked = sum(1 for o in self.observations if not o.ladder and o.how != AIMED)
-        left = self._rounds(targets, lambda: self.evidence, self.strategy.check,
-                            MAX_CHECKS - asked, self.strategy.check_width)
-        if left:
+            left = self._settle(targets, MAX_CHECKS, self.strategy.check_width)
+        else:
+            left = self._rounds(targets, lambda: self.evidence, "check",
+                                MAX_CHECKS, self.strategy.check_width)
+        if left and not self.out_of_time:
             self.checks_left = (
                 f"the checks stopped after {MAX_CHECKS} sizes with the answer "
                 + " and ".join(f"under {h:.0%} headroom" for h in left)
                 + f" not bracketed to {RESOLUTION:.0%}")
 
-    def _rounds(self, targets: Sequence[float], view: Callable[[], Evidence],
-                ask: Callable[[list[int]], list[Observation]], budget: int,
+    def _settle(self, targets: Sequence[float], budget: int,
                 width: int) -> list[float]:
+        """Checks, as `fit` compiles them, where the calibrated quick plans
+        say each answer lies and the size just above it, a round at a time,
+        until the record brackets each answer, `budget` sizes were asked or
+        the time is out; returns the headrooms left open."""
+        rounds = 0
+        while True:
+            real = self.evidence
+            view = self._aimed()
+            exact = {o.batch_size for o in real.observations
+                     if o.how != AIMED and not o.ladder}
+            asks: list[int] = []
+            for h in reversed(targets):
+                if bracketed(real, h):
+                    continue
+                b = view.crossing(h)
+                if not b:
+                    continue
+                failed = real.smallest_failure
+                if failed is not None:
+                    b = min(b, failed - 1)
+                step = max(1, int(RESOLUTION * b))
+                if b not in exact:
+                    asks.append(b)
+                if self.strategy.above_limit and \
+                        not any(b < s <= b + step for s in exact):
+                    asks.append(b + step)
+            top = view.crossing(targets[-1])
+            failed = real.smallest_failure
+            if rounds and top and self.strategy.above_limit and \
+                    (failed is None or failed > top * FAN[-1]):
+                # the quick plans aimed low before: where nothing failed
+                # above the ceiling, the spare sizes look further up
+                asks += [int(top * f) for f in FAN]
+            asks = list(dict.fromkeys(asks))[:width]
+            rounds += 1
+            if not asks:
+                return [h for h in targets if not bracketed(real, h)]
+            if budget <= 0 or not self._in_time("check", asks):
+                return [h for h in targets if not bracketed(real, h)]
+            self._ask("check", asks)
+            budget -= len(asks)
+
+    def _rounds(self, targets: Sequence[float], view: Callable[[], Evidence],
+                kind: str, budget: int, width: int) -> list[float]:
         """Asks, a round of at most `width` sizes at a time, what `view`'s
-        answers need, until each is bracketed or `budget` sizes were asked;
-        returns the headrooms left open. A round asks first what every
-        answer rests on, then the sizes above them, the ceiling's first
-        (they fan out: `_proposals`)."""
+        answers need, until each is bracketed, `budget` sizes were asked or
+        the time is out; returns the headrooms left open. A round asks
+        first what every answer rests on, then the sizes above them, the
+        ceiling's first (they fan out: `_proposals`)."""
         while True:
             first: list[int] = []
             then: list[int] = []
+            share = max(1, width // len(targets))
             for h in reversed(targets):  # the ceiling's sizes above first
-                needed, above = self._proposals(view(), h, width,
+                needed, above = self._proposals(view(), h, share,
                                                 fan=h == targets[-1] and width > 1)
                 first = needed + first
                 then += above
@@ -222,7 +373,9 @@ class Search:
             if budget <= 0:
                 return [h for h in targets if any(self._proposals(view(), h, 1, False))]
             proposals = proposals[:min(width, budget)]
-            self.observations += ask(proposals)
+            if not self._in_time(kind, proposals):
+                return [h for h in targets if any(self._proposals(view(), h, 1, False))]
+            self._ask(kind, proposals)
             budget -= len(proposals)
 
     def _proposals(self, evidence: Evidence, headroom: float, width: int,
@@ -233,6 +386,10 @@ class Search:
         - while a gap between the largest size seen to fit and the smallest
           that failed is open (every answer rests on where the limit lies
           in it), sizes that cut it into `width + 1` equal parts;
+        - while a gap between the largest size that fits the room of this
+          headroom and the smallest that does not is open, sizes that cut
+          it, where they may be tried (below a size that ran, or where
+          sizes above the limit may be tried);
         - else the answer, where nothing at or just below it was asked, and
           the size just above it;
         - nothing where both are known.
@@ -254,6 +411,11 @@ class Search:
         if failed is not None and fitted is not None \
                 and failed - fitted > max(1, int(RESOLUTION * fitted)):
             return _between(fitted, failed, width), []
+        low, high, high_ran = room_gap(evidence, headroom)
+        if low is not None and high is not None \
+                and high - low > max(1, int(RESOLUTION * low)) \
+                and (high_ran or self.strategy.above_limit):
+            return _between(low, high, width), []
         if not self.strategy.above_limit:
             above = []
         elif any(b < o.batch_size <= b + step for o in checked):
@@ -264,6 +426,20 @@ class Search:
         if not fits or b - max(fits) > step:
             return [b], above
         return [], above
+
+    # -- what is left open ---------------------------------------------------
+
+    def _say_open(self, headroom: float) -> None:
+        """`open`, and `checks_left` where the time ran out."""
+        self.open = left_open(self.evidence, headroom, self.strategy.above_limit,
+                              out_of_time=self.out_of_time,
+                              checks_stopped=bool(self.checks_left))
+        if self.out_of_time and self.open:
+            self.checks_left = (
+                f"out of time (max_seconds) after {self.deadline.spent():.1f} s: "
+                + "; ".join(f"the answer under {h:.0%} headroom is not bracketed "
+                            f"to {RESOLUTION:.0%} ({why})"
+                            for h, why in self.open.items()))
 
 
 def _between(low: int, high: int, parts: int) -> list[int]:

@@ -13,13 +13,16 @@ batches a `fit` holds on an accelerator ahead of the running step
 threads (XLA's compiler releases the GIL); tracing runs one at a time. On
 a GPU the ladder and the aims compile without autotuning and with cheaper
 code generation (`AIM_OPTIONS`: about half the time of a compilation as `fit`
-makes it; their plans only aim), and every check compiles as `fit` compiles, which `fit`
-then finds in JAX's cache.
+makes it; their plans only aim, `calibration`), and every check compiles as
+`fit` compiles, which `fit` then finds in JAX's cache (in a new process, with
+the persistent compilation cache: `configure.compilation_cache`). With a
+`deadline`, compilations still running then are abandoned.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import os
 import threading
 import time
@@ -42,8 +45,8 @@ AIM_OPTIONS: dict[str, Any] = {"xla_gpu_autotune_level": 0,
                                "xla_backend_optimization_level": 0,
                                "xla_llvm_disable_expensive_passes": True}
 #: Checks compiled side by side: each compilation as `fit` makes it
-#: autotunes kernels on every core.
-CHECKS_AT_ONCE = 3
+#: autotunes kernels on every core. Four: each answer and the size above it.
+CHECKS_AT_ONCE = 4
 
 
 class Plans:
@@ -73,6 +76,10 @@ class Plans:
         self.ladder_width = max(1, min(8, (os.cpu_count() or 1) // 2))
         self.check_width = CHECKS_AT_ONCE
         self._tracing = threading.Lock()
+        #: A `time.perf_counter()` time: compilations still running then are
+        #: abandoned, and none starts after it. `None`: no limit.
+        self.deadline: Optional[float] = None
+        self._abandoned = False
         xla_plan.jitted_train_step(model)  # the step `fit` runs
         self.in_use = device.in_use()
         self.limit, self.limit_words, _ = device.limit(self.in_use)
@@ -94,6 +101,19 @@ class Plans:
     def check(self, sizes: Sequence[int]) -> list[Observation]:
         return self._plans(sizes, aimed=False, width=CHECKS_AT_ONCE, ladder=False)
 
+    def measure(self, aims: Sequence[int], checks: Sequence[int],
+                ladder: bool = False) -> list[Observation]:
+        """Quick plans of `aims` (on the ladder, with `ladder`) and plans as
+        `fit` compiles them of `checks`, side by side in one round."""
+        if self.aim_options is None:
+            return (self.ladder(aims) if ladder else self.check(aims)) + \
+                self.check([b for b in checks if b not in aims])
+        jobs = [(b, True) for b in aims] + [(b, False) for b in checks]
+        made = self._run(jobs, self.ladder_width + len(checks), ladder=ladder)
+        # only the quick plans draw the small-batch line
+        return [dataclasses.replace(o, ladder=o.ladder and o.how == AIMED)
+                for o in made]
+
     def ahead(self, size: int) -> int:
         """Bytes of the batches a `fit` holds ahead of a step of `size`."""
         if not self.accelerator:
@@ -103,17 +123,36 @@ class Plans:
     def _plans(self, sizes: Sequence[int], aimed: bool, width: int,
                ladder: bool) -> list[Observation]:
         """Each size compiled (largest first: it takes longest)."""
-        results: dict[int, Observation] = {}
-        with concurrent.futures.ThreadPoolExecutor(max(1, min(width, len(sizes)))) as pool:
-            jobs = {b: pool.submit(self._plan, b, aimed, ladder)
-                    for b in sorted(set(sizes), reverse=True)}
-            for b, job in jobs.items():
-                results[b] = job.result()
-        return [results[b] for b in sizes]
+        return self._run([(b, aimed) for b in dict.fromkeys(sizes)], width, ladder)
 
-    def _plan(self, size: int, aimed: bool, ladder: bool) -> Observation:
+    def _run(self, jobs: Sequence[tuple[int, bool]], width: int,
+             ladder: bool) -> list[Observation]:
+        """`(size, aimed)` compiled side by side, in their order; those
+        not done by `deadline` are abandoned (left out)."""
+        pool = concurrent.futures.ThreadPoolExecutor(max(1, min(width, len(jobs))))
+        futures = {i: pool.submit(self._plan, *jobs[i], ladder)
+                   for i in sorted(range(len(jobs)),
+                                   key=lambda i: (-jobs[i][0], jobs[i][1]))}
+        timeout = None if self.deadline is None else max(
+            self.deadline - time.perf_counter(), 0.0)
+        done, pending = concurrent.futures.wait(futures.values(), timeout=timeout)
+        if pending:
+            self._abandoned = True
+            pool.shutdown(wait=False, cancel_futures=True)
+            with self._tracing:  # no tracing still touches the model
+                pass
+            self.progress(f"estimate_max_batch_size: out of time; abandoned "
+                          f"{len(pending)} compilation(s)")
+        else:
+            pool.shutdown()
+        made = [futures[i].result() for i in range(len(jobs)) if futures[i] in done]
+        return [o for o in made if o is not None]
+
+    def _plan(self, size: int, aimed: bool, ladder: bool) -> Optional[Observation]:
         began = time.perf_counter()
         with self._tracing:  # tracing runs Keras's Python: one at a time
+            if self.deadline is not None and time.perf_counter() >= self.deadline:
+                return None
             lowered = xla_plan.lower_step(self.model, self.sample, size,
                                           batches_ahead=0)
         options = self.aim_options if aimed else None
@@ -132,6 +171,8 @@ class Plans:
         if need is not None:
             need += self.ahead(size)
         seconds = time.perf_counter() - began
+        if self._abandoned:  # the estimate is over: say nothing
+            return None
         self.progress(f"estimate_max_batch_size: compiled the step for batch {size}"
                       + (" without autotuning" if aimed else "") + ": "
                       + (format_bytes(need) if ran else "out of memory")

@@ -67,6 +67,17 @@ def add_fit_check_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
                         type=checked("method", functools.partial(
                             options.choice, allowed=METHODS), str),
                         help="how a step's memory is measured (default: auto)")
+    parser.add_argument("--max-seconds", metavar="S",
+                        type=checked("max_seconds", options.optional_seconds, float),
+                        help="stop the search after S seconds and answer from what "
+                             "it measured (default: no limit)")
+    parser.add_argument("--compilation-cache", metavar="DIR", nargs="?", const=True,
+                        type=checked("compilation_cache", options.cache_directory, str),
+                        help="JAX: keep compilations in JAX's persistent cache in "
+                             "DIR (alone: ~/.cache/keras_memwatch/jax), where a "
+                             "later estimate and fit find them; a cache you set "
+                             "(JAX_COMPILATION_CACHE_DIR) wins; PyTorch, "
+                             "TensorFlow: ignored (default: none)")
     parser.add_argument("--json", action="store_true",
                         help="print the estimate as JSON instead of text")
     return parser
@@ -201,7 +212,10 @@ def run_fit_check(args: argparse.Namespace) -> int:
         return 2
     estimate = estimate_max_batch_size(
         model, x, y, trial_sizes=args.trial_sizes, device=args.device,
-        headroom=args.headroom, method=args.method)
+        headroom=args.headroom, method=args.method,
+        max_seconds=getattr(args, "max_seconds", None),
+        compilation_cache=getattr(args, "compilation_cache", None),
+        verbose=0 if args.json else "auto")
     if args.json:
         print(json.dumps(estimate.to_dict(), indent=2))
     else:

@@ -42,7 +42,8 @@ class FakeStrategy:
         fits = self.need(b) <= self.limit - self.in_use
         how = AIMED if ladder and self.how == PLAN else self.how
         if self.how == PLAN:  # a plan is read whether or not it fits
-            return Observation(b, int(self.reported(b)), how, ladder=ladder,
+            quick = self.aimed if how == AIMED and self.aimed else self.reported
+            return Observation(b, int(quick(b)), how, ladder=ladder,
                                seconds=self.seconds)
         return Observation(b, int(self.reported(b)) if fits else None, how,
                            ran=fits, ladder=ladder, seconds=self.seconds)

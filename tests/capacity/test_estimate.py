@@ -6,6 +6,7 @@ refused before anything runs."""
 from __future__ import annotations
 
 import logging
+import time
 
 import keras
 import numpy as np
@@ -213,3 +214,64 @@ def test_a_model_that_is_not_compiled_is_refused():
 def test_x_that_is_not_arrays_is_refused():
     with pytest.raises(TypeError, match="arrays"):
         estimate_max_batch_size(guide_model(), iter([1, 2]), None)
+
+
+def test_max_seconds_is_honoured_and_the_answer_says_what_is_left_open(monkeypatch):
+    from keras_memwatch.capacity import steps
+
+    slow = steps.fit_steps
+
+    def fit_steps(*args, **kwargs):  # a step of a larger model: 0.25 s more
+        time.sleep(0.25)
+        return slow(*args, **kwargs)
+    monkeypatch.setattr(steps, "fit_steps", fit_steps)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256),
+                              keras.layers.Dense(8)])
+    model.compile(optimizer="adam", loss="mse")
+    x, y = np.zeros((8, 64), "float32"), np.zeros((8, 8), "float32")
+    lines = []  # when each size ended
+    began = time.perf_counter()
+    estimate = estimate_max_batch_size(
+        model, x, y, max_seconds=2.0, verbose=0,
+        progress=lambda line: lines.append(time.perf_counter() - began))
+    took = time.perf_counter() - began
+    # the first two sizes are always measured (without them, no answer);
+    # from there, no size starts that cannot end in time
+    assert took <= max(2.0, lines[1]) + 1.0
+    assert estimate.max_seconds == 2.0 and estimate.seconds <= took
+    assert estimate.predicted_batch_size is not None, estimate.explanation
+    assert "out of time (max_seconds)" in estimate.explanation
+    assert set(estimate.left_open) == {0.1, 0.0}
+    assert "out of time" in estimate.left_open[0.1]
+    assert f"of max_seconds=2." in estimate.explanation
+    assert estimate.to_dict()["left_open"] == estimate.left_open
+
+
+def test_a_budget_shorter_than_two_sizes_still_answers():
+    model = guide_model()
+    x, y = np.zeros((4, 32), "float32"), np.zeros((4, 1), "float32")
+    estimate = estimate_max_batch_size(model, x, y, max_seconds=0.001, verbose=0)
+    assert len(estimate.evidence.observations) == 2
+    assert estimate.predicted_batch_size is not None, estimate.explanation
+    assert "The ladder stopped: out of time (max_seconds)" in estimate.explanation
+
+
+@pytest.mark.parametrize("kwargs, error, name", [
+    (dict(max_seconds=0), ValueError, "max_seconds"),
+    (dict(max_seconds="60"), TypeError, "max_seconds"),
+    (dict(compilation_cache=3), TypeError, "compilation_cache"),
+    (dict(compilation_cache=""), ValueError, "compilation_cache"),
+])
+def test_bad_budgets_and_caches_are_refused_before_any_step(kwargs, error, name):
+    model = guide_model()
+    with pytest.raises(error, match=f"`{name}`"):
+        estimate_max_batch_size(model, np.zeros((4, 32)), np.zeros((4, 1)), **kwargs)
+    assert model.optimizer.iterations.numpy() == 0
+
+
+def test_compilation_cache_is_accepted_on_every_backend(tmp_path):
+    estimate = estimate_max_batch_size(
+        guide_model(), np.zeros((4, 32), "float32"), np.zeros((4, 1), "float32"),
+        trial_sizes=(2, 4), compilation_cache=str(tmp_path / "c"), verbose=0)
+    assert estimate.predicted_batch_size is not None
+    assert (tmp_path / "c").is_dir() == (BACKEND == "jax")
