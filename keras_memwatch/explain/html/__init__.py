@@ -7,13 +7,15 @@
 - `tables`: the spikes, ways to fit, answers and key-value tables;
 - `identity`: backend, devices, versions, options, sources;
 - `page`: the document, plotly.js embedded once, `timeline.js` drawing;
-- `write`: `write_html_report`, its checks and the file.
+- `write`: `write_html_report`, its checks and the file;
+- `watch`: the page of a `MemWatch`, from its public methods.
 
 This package imports plotly only when a page is built.
 """
 
 from __future__ import annotations
 
+from keras_memwatch.explain.html.watch import write_watch_report
 from keras_memwatch.explain.html.write import html_path_problem, write_html_report
 
-__all__ = ["html_path_problem", "write_html_report"]
+__all__ = ["html_path_problem", "write_html_report", "write_watch_report"]

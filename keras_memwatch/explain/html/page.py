@@ -96,8 +96,8 @@ def _breakdown_section(frame: pd.DataFrame, breakdown: Optional[Mapping[str, Any
         if figure is not None:
             if label:
                 figure.update_layout(title_text=f"{label}: {figure.layout.title.text}")
-            charts_out.append({"id": f"breakdown-{n}", "figure": figure})
-            parts.append(f'<div class="figure" id="breakdown-{n}"></div>')
+            charts_out.append({"id": f"chart-breakdown-{n}", "figure": figure})
+            parts.append(f'<div class="figure" id="chart-breakdown-{n}"></div>')
         parts.append(f"<pre>{html.escape(format_breakdown(b))}</pre>")
     return "".join(parts)
 
@@ -137,12 +137,15 @@ def build_page(frame: pd.DataFrame, spikes: Optional[pd.DataFrame] = None, *,
                 ("breakdown", "Where the memory went",
                  _breakdown_section(frame, breakdown, charts_out))]
     if by_layer is not None:
-        charts_out.append({"id": "by-layer", "figure": charts.by_layer_figure(by_layer)})
-        sections.append(("by-layer", "By layer", '<div class="figure" id="by-layer"></div>'))
+        charts_out.append({"id": "chart-by-layer",
+                           "figure": charts.by_layer_figure(by_layer)})
+        sections.append(("by-layer", "By layer",
+                         '<div class="figure" id="chart-by-layer"></div>'))
     if capacity is not None:
-        charts_out.append({"id": "capacity", "figure": charts.capacity_figure(capacity)})
+        charts_out.append({"id": "chart-capacity",
+                           "figure": charts.capacity_figure(capacity)})
         sections.append(("capacity", "What fits",
-                         '<div class="figure" id="capacity"></div>'
+                         '<div class="figure" id="chart-capacity"></div>'
                          + tables.capacity_answers(capacity, explanation)))
     if ways is not None:
         sections.append(("ways", "Ways to fit", tables.ways_table(ways)))

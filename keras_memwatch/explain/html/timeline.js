@@ -109,7 +109,7 @@
   function rowsIn(c, range) {
     if (!range) return pick(c, 0, c.rows);
     var lo = Math.max(firstAtLeast(c.x, Math.ceil(range[0])) - 1, 0);
-    var hi = Math.min(firstAtLeast(c.x, range[1]) + 1, c.rows);
+    var hi = Math.min(firstAtLeast(c.x, Math.floor(range[1]) + 1) + 1, c.rows);
     return pick(c, lo, hi);
   }
 

@@ -110,8 +110,8 @@ def timeline_figure(panel: Panel, calls: int) -> Any:
                                name=LABEL_IN_USE, hovertemplate="%{text}<extra></extra>"))
     spikes = panel.spikes
     fig.add_trace(go.Scatter(
-        x=spikes["x"].to_numpy(np.int64) if len(spikes) else [],
-        y=(spikes["peak_bytes"].astype("float64") / MIB).to_numpy() if len(spikes) else [],
+        x=spikes["x"].astype(int).tolist() if len(spikes) else [],
+        y=(spikes["peak_bytes"].astype("float64") / MIB).tolist() if len(spikes) else [],
         mode="markers", name=f"{LABEL_SPIKE} ({len(spikes)})",
         marker=dict(symbol="triangle-down", size=11, color="black"),
         hovertext=[spike_text(row) for _, row in spikes.iterrows()],

@@ -180,11 +180,11 @@ def write_html_report(
     if unknown:
         raise ValueError("Expected `identity` to hold backend, versions or options. "
                          f"Received: identity keys {sorted(unknown)}")
-    refuse_existing(path, overwrite)
-    problem = html_path_problem(path, overwrite)
+    problem = html_path_problem(path, overwrite=True)
     if problem:
         raise ValueError(f"Expected `path` to be a new .html file in an existing "
                          f"folder. Received: {problem}")
+    refuse_existing(path, overwrite)
     plotly_objects()
     from keras_memwatch.explain.html.page import build_page
 
