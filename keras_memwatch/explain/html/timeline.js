@@ -6,7 +6,7 @@
 // point drawn is a real row, and its hover shows that row's figures.
 (function () {
   "use strict";
-  var DRAW_ALL = 8000, BUCKETS = 2000, MIB = 1048576;
+  var DRAW_ALL = 5000, BUCKETS = 1000, MIB = 1048576;
   var PHASES = ["train", "test", "predict"];
   var TYPES = {"<f8": Float64Array, "<i4": Int32Array, "|u1": Uint8Array};
   var CONFIG = {responsive: true, displaylogo: false, scrollZoom: true};

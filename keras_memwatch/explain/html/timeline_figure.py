@@ -98,15 +98,15 @@ def timeline_figure(panel: Panel, calls: int) -> Any:
     go = plotly_objects()
     fig = go.Figure()
     line = dict(width=0)
-    fig.add_trace(go.Scattergl(mode="lines", line=line, hoverinfo="skip",
+    fig.add_trace(go.Scatter(mode="lines", line=line, hoverinfo="skip",
                                showlegend=False, name="in use before step"))
-    fig.add_trace(go.Scattergl(mode="lines", fill="tonexty", hoverinfo="skip",
+    fig.add_trace(go.Scatter(mode="lines", fill="tonexty", hoverinfo="skip",
                                fillcolor="rgba(44,160,44,0.25)",
                                line=dict(width=0.6, color="rgb(44,160,44)"),
                                name=LABEL_BASELINE))
-    fig.add_trace(go.Scattergl(mode="lines", line=dict(width=1.3, color="#d62728"),
+    fig.add_trace(go.Scatter(mode="lines", line=dict(width=1.3, color="#d62728"),
                                name=panel.peak_label, hovertemplate="%{text}<extra></extra>"))
-    fig.add_trace(go.Scattergl(mode="lines", line=dict(width=1.3, color="#1f77b4"),
+    fig.add_trace(go.Scatter(mode="lines", line=dict(width=1.3, color="#1f77b4"),
                                name=LABEL_IN_USE, hovertemplate="%{text}<extra></extra>"))
     spikes = panel.spikes
     fig.add_trace(go.Scatter(
