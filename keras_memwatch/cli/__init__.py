@@ -262,7 +262,8 @@ def _report(args: argparse.Namespace) -> int:
         except BrokenPipeError:  # `report ... | head`: the reader has gone
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
-    say(report_text(frame))
+    text = report_text(frame)
+    say(text)
     if args.plot:
         import matplotlib.pyplot as plt
 
@@ -283,7 +284,7 @@ def _report(args: argparse.Namespace) -> int:
         from keras_memwatch.explain.html import write_html_report
 
         try:
-            write_html_report(args.html, frame, overwrite=args.overwrite)
+            write_html_report(args.html, frame, summary=text, overwrite=args.overwrite)
         except FileExistsError:
             return refuse(f"--html {args.html} exists: pass --overwrite to replace "
                           "it, or choose another path")

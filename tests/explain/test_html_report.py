@@ -93,8 +93,8 @@ class Opened:
         return self.page.evaluate("""() => Array.from(
             document.querySelectorAll('.memwatch-timeline')).map(d => ({
               title: d.dataset.title, rows: +d.dataset.rows, drawn: +d.dataset.drawn,
-              x: Array.from(d.data[2].x), spike_x: Array.from(d.data[4].x),
-              spike_y: Array.from(d.data[4].y)}))""")
+              x: Array.from(d.data[1].x), spike_x: Array.from(d.data[3].x),
+              spike_y: Array.from(d.data[3].y)}))""")
 
     def close(self):
         self.page.close()
@@ -215,18 +215,18 @@ def hover_text(page, panel, trace, point):
 
 def test_hovering_a_spike_shows_where_it_happened(fitted_page):
     page = fitted_page
-    text = hover_text(page, 0, 4, 0)
+    text = hover_text(page, 0, 3, 0)
     assert "epoch 0 batch 6" in text and "train, call 0" in text
     assert "peak 900 MiB" in text
     page.page.mouse.move(1, 1)
-    text = hover_text(page, 0, 4, 1)
+    text = hover_text(page, 0, 3, 1)
     assert "epoch 1 batch 3" in text
 
 
 def test_hovering_a_step_shows_its_row(fitted_page):
     page = fitted_page
     page.page.mouse.move(1, 1)
-    text = hover_text(page, 0, 3, 3)  # in use, the 3rd batch of the fit
+    text = hover_text(page, 0, 2, 3)  # in use, the 3rd batch of the fit
     assert "epoch 0 batch 2" in text and "(train, call 0)" in text
     assert "in use 500.0 MiB" in text and "peak 540.0 MiB" in text
 
@@ -337,13 +337,13 @@ def test_a_long_record_is_decimated_for_drawing_only(tmp_path, opened):
     spiked = frame.index[frame["spike"]].tolist()
     assert set(spiked) <= set(panel["x"]) and panel["spike_x"] == spiked
     # Every bucket's highest peak is drawn: the highest of the whole record too.
-    peaks = page.page.evaluate("Array.from(document.getElementById('timeline-0').data[2].y)")
+    peaks = page.page.evaluate("Array.from(document.getElementById('timeline-0').data[1].y)")
     assert max(peaks) == pytest.approx(frame["peak_bytes"].max() / MIB)
     # Zoomed in, every row in view is drawn.
     page.page.evaluate("Plotly.relayout('timeline-0', {'xaxis.range': [12000, 12100]})")
     page.page.wait_for_function(
         "document.getElementById('timeline-0').dataset.drawn < 200")
-    x = page.page.evaluate("Array.from(document.getElementById('timeline-0').data[2].x)")
+    x = page.page.evaluate("Array.from(document.getElementById('timeline-0').data[1].x)")
     assert x == list(range(11_999, 12_102))
     assert page.errors == []
 

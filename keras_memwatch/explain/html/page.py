@@ -110,6 +110,7 @@ def build_page(frame: pd.DataFrame, spikes: Optional[pd.DataFrame] = None, *,
                ways: Optional[pd.DataFrame] = None,
                identity: Optional[Mapping[str, Mapping[str, Any]]] = None,
                sources: Optional[Mapping[str, str]] = None,
+               summary: Optional[str] = None,
                title: str = "keras_memwatch report") -> str:
     """The report as one HTML document (see `write_html_report`).
 
@@ -153,9 +154,11 @@ def build_page(frame: pd.DataFrame, spikes: Optional[pd.DataFrame] = None, *,
         f"<h3>{html.escape(name)}</h3>{tables.key_values(items)}"
         for name, items in (identity or {}).items())))
     if len(frame):
-        text = (report_text(frame) if several else
-                summarize(frame, listed, sources=sources, breakdown=breakdown,
-                          by_layer=by_layer))
+        text = summary
+        if text is None:
+            text = (report_text(frame) if several else
+                    summarize(frame, listed, sources=sources, breakdown=breakdown,
+                              by_layer=by_layer))
         sections.append(("summary", "Summary as text",
                          f"<details><summary>show</summary><pre>{html.escape(text)}"
                          "</pre></details>"))

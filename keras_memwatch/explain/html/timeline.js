@@ -92,18 +92,38 @@
     return lines.join("<br>");
   }
 
+  // The band: one closed outline per run of rows with both edges known
+  // (along the baseline, back along the memory in use before the step),
+  // runs apart by a gap.
+  function band(c, rows) {
+    var bx = [], by = [], run = [];
+    function close() {
+      if (run.length) {
+        run.forEach(function (i) { bx.push(c.x[i]); by.push(c.baseline[i] / MIB); });
+        run.slice().reverse().forEach(function (i) {
+          bx.push(c.x[i]); by.push(c.before[i] / MIB);
+        });
+        bx.push(null); by.push(null);
+      }
+      run = [];
+    }
+    rows.forEach(function (i) {
+      if (c.baseline[i] === c.baseline[i] && c.before[i] === c.before[i]) run.push(i);
+      else close();
+    });
+    close();
+    return [bx, by];
+  }
+
   function traces(c, rows) {
-    var x = [], before = [], baseline = [], peak = [], current = [], text = [];
+    var x = [], peak = [], current = [], text = [], edges = band(c, rows);
     rows.forEach(function (i) {
       x.push(c.x[i]);
-      before.push(mib(c.before[i]));
-      baseline.push(mib(c.baseline[i]));
       peak.push(mib(c.peak[i]));
       current.push(mib(c.current[i]));
       text.push(hover(c, i));
     });
-    return {x: [x, x, x, x], y: [before, baseline, peak, current],
-            text: [[], [], text, text]};
+    return {x: [edges[0], x, x], y: [edges[1], peak, current], text: [[], text, text]};
   }
 
   function rowsIn(c, range) {
@@ -115,7 +135,7 @@
 
   function drawTimeline(div, figure, c) {
     var rows = rowsIn(c, null), filled = traces(c, rows);
-    for (var t = 0; t < 4; t++) {
+    for (var t = 0; t < 3; t++) {
       figure.data[t].x = filled.x[t];
       figure.data[t].y = filled.y[t];
       figure.data[t].text = filled.text[t];
@@ -139,7 +159,7 @@
           pending = null;
           var picked = rowsIn(c, range), update = traces(c, picked);
           div.dataset.drawn = picked.length;
-          Plotly.restyle(div, update, [0, 1, 2, 3]);
+          Plotly.restyle(div, update, [0, 1, 2]);
         });
       });
     });

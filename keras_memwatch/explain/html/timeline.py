@@ -172,7 +172,7 @@ def encode_panels(panels: list[Panel]) -> tuple[dict[str, Any], str]:
             offset += len(data) + pad
         header["panels"].append({"rows": len(panel.rows), "columns": columns,
                                  "shapes": panel.shapes})
-    block = gzip.compress(b"".join(parts), compresslevel=6, mtime=0)
+    block = gzip.compress(b"".join(parts), compresslevel=3, mtime=0)
     return header, base64.b64encode(block).decode("ascii")
 
 

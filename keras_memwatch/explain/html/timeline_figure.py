@@ -19,8 +19,6 @@ from keras_memwatch.units import MIB, format_bytes
 
 __all__ = ["spike_text", "timeline_figure"]
 
-#: The traces `timeline.js` fills, in this order, from every row.
-FILLED = 4
 #: Each shaded phase's label and colour.
 _SHADED = {"test": (LABEL_VALIDATION, "rgba(128,128,128,0.12)"),
            "predict": (LABEL_PREDICT, "rgba(148,103,189,0.12)")}
@@ -84,8 +82,8 @@ def _shapes(panel: Panel) -> list[dict]:
 
 
 def timeline_figure(panel: Panel, calls: int) -> Any:
-    """The figure of one panel: the traces `timeline.js` fills (the band's
-    two edges, the peak, the memory in use), the spikes, the epoch and call
+    """The figure of one panel: the traces `timeline.js` fills (the
+    baseline band, the peak, the memory in use), the spikes, the epoch and call
     starts, the test and predict phases shaded, and the device's limit.
 
     Args:
@@ -97,17 +95,15 @@ def timeline_figure(panel: Panel, calls: int) -> Any:
     """
     go = plotly_objects()
     fig = go.Figure()
-    line = dict(width=0)
-    fig.add_trace(go.Scatter(mode="lines", line=line, hoverinfo="skip",
-                               showlegend=False, name="in use before step"))
-    fig.add_trace(go.Scatter(mode="lines", fill="tonexty", hoverinfo="skip",
-                               fillcolor="rgba(44,160,44,0.25)",
-                               line=dict(width=0.6, color="rgb(44,160,44)"),
-                               name=LABEL_BASELINE))
+    fig.add_trace(go.Scatter(mode="lines", fill="toself", hoverinfo="skip",
+                             fillcolor="rgba(44,160,44,0.25)",
+                             line=dict(width=0.6, color="rgb(44,160,44)"),
+                             name=LABEL_BASELINE))
     fig.add_trace(go.Scatter(mode="lines", line=dict(width=1.3, color="#d62728"),
-                               name=panel.peak_label, hovertemplate="%{text}<extra></extra>"))
+                             name=panel.peak_label,
+                             hovertemplate="%{text}<extra></extra>"))
     fig.add_trace(go.Scatter(mode="lines", line=dict(width=1.3, color="#1f77b4"),
-                               name=LABEL_IN_USE, hovertemplate="%{text}<extra></extra>"))
+                             name=LABEL_IN_USE, hovertemplate="%{text}<extra></extra>"))
     spikes = panel.spikes
     fig.add_trace(go.Scatter(
         x=spikes["x"].astype(int).tolist() if len(spikes) else [],

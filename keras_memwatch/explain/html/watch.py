@@ -29,7 +29,7 @@ def write_watch_report(watch: Any, path: PathLike, *,
                        overwrite: bool = False) -> str:
     """Writes the page of a watch's record (see `write_html_report`): its
     rows, spikes, breakdown (with the model's weights and optimizer state),
-    sources, options, the backend and this process's versions.
+    summary, sources, options, the backend and this process's versions.
 
     Args:
         watch: the `MemWatch`.
@@ -52,6 +52,7 @@ def write_watch_report(watch: Any, path: PathLike, *,
     return write_html_report(
         path, watch.to_dataframe(), watch.spikes, breakdown=watch.breakdown(),
         by_layer=by_layer, capacity=capacity, ways=ways, sources=watch.sources,
+        summary=watch.summary(),
         identity={"backend": backend, "versions": process_versions(),
                   "options": watch_options(watch)},
         overwrite=overwrite)

@@ -113,6 +113,7 @@ def write_html_report(
     ways: Optional[pd.DataFrame] = None,
     identity: Optional[Mapping[str, Any]] = None,
     sources: Optional[Mapping[str, str]] = None,
+    summary: Optional[str] = None,
     overwrite: bool = False,
 ) -> str:
     """Writes one self-contained HTML page of a run (needs plotly).
@@ -144,6 +145,9 @@ def write_html_report(
             what the record says, and this process's versions.
         sources: probe -> what it could see (`MemWatch.sources`). Defaults
             to `None`: read from the record's columns.
+        summary: the text summary shown at the end (`MemWatch.summary()`,
+            or the `report` command's text). Defaults to `None`: the summary
+            of `frame` (drift replayed from it).
         overwrite: replace an existing file. Defaults to `False`.
 
     Returns:
@@ -174,6 +178,9 @@ def write_html_report(
     breakdown = _mapping("breakdown", breakdown)
     identity = _mapping("identity", identity)
     sources = _mapping("sources", sources)
+    if summary is not None and not isinstance(summary, str):
+        raise options.expected("summary", "a str or None", type(summary).__name__,
+                               TypeError)
     capacity, explanation = _capacity(capacity)
     known = dict(identity or {})
     unknown = set(known) - {"backend", "versions", "options"}
@@ -191,7 +198,7 @@ def write_html_report(
     page = build_page(frame, spikes, breakdown=breakdown, by_layer=by_layer,
                       capacity=capacity, explanation=explanation, ways=ways,
                       identity=run_identity(frame, sources=sources, **known),
-                      sources=sources)
+                      sources=sources, summary=summary)
     with open_new(path, overwrite) as f:
         f.write(page)
     logger.info("HTML report written to %s", os.fspath(path))
