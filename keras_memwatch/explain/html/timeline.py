@@ -28,8 +28,7 @@ import numpy as np
 import pandas as pd
 
 from keras_memwatch import columns as C
-from keras_memwatch.explain.plot import (LABEL_BASELINE, LABEL_IN_USE, LABEL_PEAK,
-                                         LABEL_PLANNED_PEAK, in_call_order,
+from keras_memwatch.explain.plot import (LABEL_PEAK, LABEL_PLANNED_PEAK, in_call_order,
                                          x_positions)
 from keras_memwatch.explain.report import process_groups
 from keras_memwatch.judge.derived import (in_use_before, limit_of, peaks_from_plan,
