@@ -423,3 +423,11 @@ def test_the_command_line_refuses_an_existing_page_unless_overwrite(small, tmp_p
     assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
     done = report(str(log), "--html", str(tmp_path / "nope" / "out.html"))
     assert done.returncode == 2 and "does not exist: create it first" in done.stderr
+
+
+def test_a_record_without_samples_gives_a_page_that_says_so(tmp_path):
+    from keras_memwatch.record.recorder import empty_frame
+
+    path = write_html_report(tmp_path / "empty.html", empty_frame())
+    page = Path(path).read_text(encoding="utf-8")
+    assert "No samples recorded." in page and "No spikes" in page

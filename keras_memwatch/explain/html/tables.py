@@ -76,7 +76,7 @@ def spikes_table(spikes: pd.DataFrame, several: bool = False) -> str:
             cell(row["device"]), cell(row["epoch"]), cell(row["batch"]),
             cell(event.phase), cell(event.call), cell(format_bytes(event.peak_bytes)),
             cell(format_bytes(event.working_bytes)),
-            cell(row.get("layer")) or "<span class=none>not named</span>"]
+            cell(row.get("layer")) or '<span class="none">not named</span>']
         if extra:
             cells.append(cell(row.get("input_shape")))
         cells.append(cell(event.message))
