@@ -391,7 +391,9 @@ def _write_page(watch: Any, txt: str) -> Optional[str]:
     try:
         from keras_memwatch.explain.html import write_watch_report
 
-        return write_watch_report(watch, path)
+        written = write_watch_report(watch, path)
+        logger.info("the page of the record: %s", written)
+        return written
     except ImportError as e:
         logger.info("no HTML page beside the out-of-memory report: %s", e)
     except Exception as e:

@@ -201,5 +201,5 @@ def write_html_report(
                       sources=sources, summary=summary)
     with open_new(path, overwrite) as f:
         f.write(page)
-    logger.info("HTML report written to %s", os.fspath(path))
+    logger.debug("HTML report written to %s", os.fspath(path))
     return os.fspath(path)
