@@ -206,3 +206,18 @@ def test_each_ablation_switches_its_part_off():
     assert "ablated" in watch.sources.get("xla plan", "ablated")
     watch, _ = fit("memwatch_nothread")
     assert len(watch.to_dataframe()["step"].unique()) == 5  # drained at the end
+
+
+def test_html_report_benchmark_builds_a_record_and_writes_its_page(tmp_path):
+    """`benchmarks.html_report` on a tiny record: the record has the
+    columns of a real one and a spike every 500 steps; the page is written."""
+    pytest.importorskip("plotly", reason="the HTML report needs plotly")
+    from benchmarks.html_report import long_record, write_seconds
+    from keras_memwatch import columns as C
+
+    frame = long_record(1000)
+    assert list(frame.columns) == list(C.COLUMNS) and len(frame) == 2002
+    assert frame.loc[(frame["device"] == "GPU:0") & frame["spike"], "step"].tolist() == [
+        499, 999]
+    assert positive(write_seconds(frame, tmp_path / "long.html", 1))
+    assert (tmp_path / "long.html").stat().st_size > 1_000_000

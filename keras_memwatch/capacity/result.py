@@ -172,10 +172,12 @@ class CapacityEstimate:
         return frame
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field and answer, JSON-ready."""
+        """Every field and answer, JSON-ready; each observation with its
+        `result`: `"ran"`, `"fits"`, `"over the limit"` or `"out of memory"`."""
         out = {k: v for k, v in dataclasses.asdict(self).items() if k != "evidence"}
         out.update(
-            observations=[dataclasses.asdict(o) for o in self.evidence.observations],
+            observations=[dict(dataclasses.asdict(o), result=_result(self.evidence, o))
+                          for o in self.evidence.observations],
             limit_bytes=self.limit_bytes, in_use_bytes=self.in_use_bytes,
             predicted_batch_size=self.predicted_batch_size,
             ceiling_batch_size=self.ceiling_batch_size,

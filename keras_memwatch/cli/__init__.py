@@ -20,7 +20,7 @@ from keras_memwatch import options
 
 BACKENDS = ("tensorflow", "jax", "torch")
 #: What the demo writes into `--out`.
-DEMO_FILES = ("memwatch.csv", "memwatch.png")
+DEMO_FILES = ("memwatch.csv", "memwatch.png", "memwatch.html")
 
 
 class _Formatter(logging.Formatter):
@@ -55,8 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo",
         help="train a deep convnet with Adam and an oversized batch now and "
-             "then; print the alerts and the summary; write memwatch.csv and "
-             "memwatch.png",
+             "then; print the alerts and the summary; write memwatch.csv, "
+             "memwatch.png and memwatch.html",
         description="Trains a scaled-down deep convnet (CPU, about a minute) "
                     "with Adam on a data pipeline that yields an oversized "
                     "batch every 15th batch, watched by MemWatch.")
@@ -90,7 +90,7 @@ def _parser() -> argparse.ArgumentParser:
                     "'mem.rank*.csv'), prints one section per process, then "
                     "compares them: peak per process and device, spikes, "
                     "imbalance, closest to its limit. With --plot, draws them "
-                    "too.")
+                    "too; with --html, writes them into one page.")
     report.add_argument("logs", nargs="+", metavar="LOG",
                         help="a log (CSV or Parquet), several, or a glob in "
                              "quotes ('mem.rank*.csv')")
@@ -98,8 +98,17 @@ def _parser() -> argparse.ArgumentParser:
                         help="also draw the logs into FILE, in the format its "
                              "extension names (.png, .svg, .pdf, ...); an "
                              "existing FILE is refused unless --force")
+    report.add_argument("--html", metavar="FILE",
+                        help="also write one self-contained page of the logs "
+                             "into FILE (.html; needs plotly: pip install "
+                             "'keras-memwatch[html]'): the timeline of every "
+                             "device and process, the spikes, where the memory "
+                             "went; an existing FILE is refused unless "
+                             "--overwrite")
     report.add_argument("--force", action="store_true",
                         help="replace an existing --plot FILE")
+    report.add_argument("--overwrite", action="store_true",
+                        help="replace an existing --html (or --plot) FILE")
 
     from keras_memwatch.cli.fit_check import add_fit_check_arguments
 
@@ -217,9 +226,21 @@ def _report(args: argparse.Namespace) -> int:
     if args.plot:
         from keras_memwatch.explain.plot import plot_path_problem
 
-        problem = plot_path_problem(args.plot, overwrite=args.force)
+        problem = plot_path_problem(args.plot, overwrite=args.force or args.overwrite)
         if problem:
             return refuse(problem)
+    if args.html:
+        from keras_memwatch.explain.html import html_path_problem
+        from keras_memwatch.explain.html.library import plotly_objects
+
+        problem = html_path_problem(args.html, args.overwrite, argument="--html")
+        if problem:
+            return refuse(problem.replace("overwrite=True (--overwrite on the "
+                                          "command line)", "--overwrite"))
+        try:
+            plotly_objects()
+        except ImportError as e:
+            return refuse(f"--html: {e}")
     fix = ("give a log written by MemWatch(log_path=...), MemWatch.to_csv or "
            "MemWatch.to_parquet")
     try:
@@ -241,7 +262,8 @@ def _report(args: argparse.Namespace) -> int:
         except BrokenPipeError:  # `report ... | head`: the reader has gone
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
-    say(report_text(frame))
+    text = report_text(frame)
+    say(text)
     if args.plot:
         import matplotlib.pyplot as plt
 
@@ -249,7 +271,7 @@ def _report(args: argparse.Namespace) -> int:
 
         figure = plot_memory(frame)
         try:
-            save_figure(figure, args.plot, overwrite=args.force)
+            save_figure(figure, args.plot, overwrite=args.force or args.overwrite)
         except FileExistsError:
             return refuse(f"--plot {args.plot} exists: pass --force to replace "
                           "it, or choose another path")
@@ -258,6 +280,17 @@ def _report(args: argparse.Namespace) -> int:
         finally:
             plt.close(figure)
         say(f"\nWrote {args.plot}.")
+    if args.html:
+        from keras_memwatch.explain.html import write_html_report
+
+        try:
+            write_html_report(args.html, frame, summary=text, overwrite=args.overwrite)
+        except FileExistsError:
+            return refuse(f"--html {args.html} exists: pass --overwrite to replace "
+                          "it, or choose another path")
+        except (OSError, ValueError) as e:
+            return refuse(f"cannot write --html {args.html}: {e}")
+        say(f"\nWrote {args.html}.")
     return 0
 
 

@@ -189,7 +189,8 @@ def run_demo(
     The spike alerts (as they come) and the summary (at the end) go to the
     `keras_memwatch` logger, which `python -m keras_memwatch demo` prints;
     then it prints which oversized batches were flagged, and writes
-    `memwatch.csv` (streamed during training) and `memwatch.png` to `out`.
+    `memwatch.csv` (streamed during training), `memwatch.png` and, where
+    plotly is installed, `memwatch.html` (the page of the run) to `out`.
     Files of an earlier run there are replaced only with `force=True`;
     nothing else in `out` is touched.
 
@@ -201,15 +202,16 @@ def run_demo(
         seed_model: build the full-size network of the classic question
             (206.6 M parameters; for a GPU). Defaults to `False`.
         verbose: Keras's progress display for `fit`. Defaults to `"auto"`.
-        force: replace `memwatch.csv` and `memwatch.png` of an earlier run
-            in `out`. Defaults to `False`.
+        force: replace `memwatch.csv`, `memwatch.png` and `memwatch.html`
+            of an earlier run in `out`. Defaults to `False`.
 
     Returns:
         The `MemWatch` of the run.
 
     Raises:
-        FileExistsError: when `out` holds `memwatch.csv` or `memwatch.png`
-            and `force` is `False`, before anything is trained.
+        FileExistsError: when `out` holds `memwatch.csv`, `memwatch.png`
+            or `memwatch.html` and `force` is `False`, before anything is
+            trained.
     """
     from keras_memwatch import MemWatch
 
@@ -217,7 +219,8 @@ def run_demo(
     os.makedirs(out, exist_ok=True)
     csv_path = os.path.join(out, "memwatch.csv")
     png_path = os.path.join(out, "memwatch.png")
-    there = [path for path in (csv_path, png_path) if os.path.lexists(path)]
+    html_path = os.path.join(out, "memwatch.html")
+    there = [path for path in (csv_path, png_path, html_path) if os.path.lexists(path)]
     if there and not force:
         raise FileExistsError(
             f"{' and '.join(there)} exist (from an earlier run); pass "
@@ -251,8 +254,15 @@ def run_demo(
     print(explain(watch, data, config))
     watch.plot(png_path, overwrite=force)
     _close_figures()
-    print(f"\nTrained in {seconds:.0f} s. Wrote {csv_path} (one row per step "
-          f"per device) and {png_path}.")
+    written = f"{csv_path} (one row per step per device), {png_path}"
+    try:
+        from keras_memwatch.explain.html import write_watch_report
+
+        write_watch_report(watch, html_path, overwrite=force)
+        written += f" and {html_path} (open it in a browser)"
+    except ImportError as e:
+        print(f"\nNo {html_path}: {e}")
+    print(f"\nTrained in {seconds:.0f} s. Wrote {written}.")
     print(f"Read the log again with: python -m keras_memwatch report {csv_path}")
     return watch
 

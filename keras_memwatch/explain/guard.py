@@ -13,7 +13,8 @@ with oom_guard(watch):
 When the block ends with an out-of-memory error (as `keras_memwatch.oom_errors`
 recognises it), the guard writes `mem.oom.txt` (what the framework says it
 tried to allocate, the memory at the failure, the last samples, the spikes,
-and the summary with the breakdown) and `mem.oom.csv` (the whole record)
+and the summary with the breakdown) and `mem.oom.csv` (the whole record), and where plotly is installed
+`mem.oom.html` (the page of the record, `explain.html`),
 next to the watch's log (each process of a distributed run next to its
 own log, `mem.rank1.oom.txt`, the report naming the process and host),
 logs one ERROR line saying where, and lets the original exception go on,
@@ -323,6 +324,9 @@ class OomGuard(contextlib.ContextDecorator):
         last_n: samples listed in the report.
         report_paths: `(txt, csv)` written by the last out-of-memory exit,
             else `()`.
+        html_path: the page of the record written beside them
+            (`<stem>.oom.html`, see `MemWatch.report_html`), else `None`
+            (none written, or plotly is not installed).
         error: the out-of-memory exception seen last, else `None`.
         deferred: whether that error surfaced only when the guard waited for
             the model's variables at the end of the block (JAX).
@@ -334,11 +338,13 @@ class OomGuard(contextlib.ContextDecorator):
         self.report_dir = options.path("report_dir", report_dir, optional=True)
         self.last_n = options.positive_int("last_n", last_n)
         self.report_paths: tuple[str, ...] = ()
+        self.html_path: Optional[str] = None
         self.error: Optional[BaseException] = None
         self.deferred = False
 
     def __enter__(self) -> OomGuard:
         self.report_paths = ()
+        self.html_path = None
         self.error = None
         self.deferred = False
         return self
@@ -375,6 +381,25 @@ class OomGuard(contextlib.ContextDecorator):
                 close()
             except Exception as e:
                 logger.debug("closing the watch failed: %r", e)
+        self.html_path = _write_page(self.watch, self.report_paths[0])
+
+
+def _write_page(watch: Any, txt: str) -> Optional[str]:
+    """The page of the record beside the text report (`mem.oom.txt` gives
+    `mem.oom.html`), where plotly is installed; never raises."""
+    path = os.path.splitext(txt)[0] + ".html"
+    try:
+        from keras_memwatch.explain.html import write_watch_report
+
+        written = write_watch_report(watch, path)
+        logger.info("the page of the record: %s", written)
+        return written
+    except ImportError as e:
+        logger.info("no HTML page beside the out-of-memory report: %s", e)
+    except Exception as e:
+        logger.warning("the HTML page of the out-of-memory report could not be "
+                       "written: %r", e)
+    return None
 
 
 def oom_guard(watch: Any, report_dir: Optional[PathLike] = None, *,
@@ -384,8 +409,8 @@ def oom_guard(watch: Any, report_dir: Optional[PathLike] = None, *,
     Args:
         watch: the `MemWatch` passed to `fit`'s callbacks.
         report_dir: write the report there. Defaults to `None`: next to
-            this process's log (`mem.csv` gives `mem.oom.txt` and
-            `mem.oom.csv`; `mem.rank1.csv`, `mem.rank1.oom.*`), else, for a
+            this process's log (`mem.csv` gives `mem.oom.txt`,
+            `mem.oom.csv` and, with plotly, `mem.oom.html`; `mem.rank1.csv`, `mem.rank1.oom.*`), else, for a
             watch without `log_path`, in a new folder under the system's
             temporary directory (`keras_memwatch-oom-*/memwatch.oom.*`),
             never the working directory; the ERROR line it logs says where.

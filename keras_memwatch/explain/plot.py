@@ -74,7 +74,7 @@ def _mib(values: pd.Series) -> Any:
     return values.astype("float64").to_numpy() / MIB
 
 
-def _in_order(rows: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, int]]:
+def in_call_order(rows: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, int]]:
     """Rows by call, then step, and what each call's steps are shifted by
     on the x axis (its calls one after another; one call: its steps)."""
     rows = rows.sort_values([C.CALL, "step"], kind="stable")
@@ -85,7 +85,7 @@ def _in_order(rows: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, int]]:
     return rows, offsets
 
 
-def _x(rows: pd.DataFrame, offsets: dict[int, int]) -> np.ndarray:
+def x_positions(rows: pd.DataFrame, offsets: dict[int, int]) -> np.ndarray:
     """Where rows (or spikes) go on the x axis."""
     calls = rows[C.CALL] if C.CALL in rows.columns else pd.Series(0, rows.index)
     return (rows["step"].to_numpy(np.int64)
@@ -94,8 +94,8 @@ def _x(rows: pd.DataFrame, offsets: dict[int, int]) -> np.ndarray:
 
 def _draw(ax: Any, rows: pd.DataFrame, spikes: pd.DataFrame, device: str,
           title: str = "") -> None:
-    rows, offsets = _in_order(rows)
-    step = _x(rows, offsets)
+    rows, offsets = in_call_order(rows)
+    step = x_positions(rows, offsets)
     ax.fill_between(step, _mib(in_use_before(rows)), _mib(rows["baseline_bytes"]),
                     facecolor="tab:green", alpha=0.25, edgecolor="tab:green",
                     linewidth=0.6, label=LABEL_BASELINE)
@@ -108,7 +108,7 @@ def _draw(ax: Any, rows: pd.DataFrame, spikes: pd.DataFrame, device: str,
                 linewidth=1, linestyle="--", label=LABEL_RESERVED)
     mine = spikes[spikes["device"].astype(str) == device] if len(spikes) else spikes
     if len(mine):
-        x, y = _x(mine, offsets), _mib(mine["peak_bytes"])
+        x, y = x_positions(mine, offsets), _mib(mine["peak_bytes"])
         ax.scatter(x, y, marker="v", s=60, color="black", zorder=5,
                    label=f"{LABEL_SPIKE} ({len(mine)})")
         for i, ((_, e), xi, yi) in enumerate(zip(mine.iterrows(), x, y)):
@@ -301,15 +301,15 @@ def _draw_lines(ax: Any, groups: list, spikes: Optional[pd.DataFrame],
         mine = rows[rows["device"].astype(str) == device]
         if mine.empty:
             continue
-        mine, offsets = _in_order(mine)
+        mine, offsets = in_call_order(mine)
         peak = _mib(mine["peak_bytes"])
-        ax.plot(_x(mine, offsets), peak, linewidth=1.0, label=label)
+        ax.plot(x_positions(mine, offsets), peak, linewidth=1.0, label=label)
         if np.isfinite(peak).any():
             high = max(high, float(np.nanmax(peak)))
         hit = _spikes_of(rows, spikes)
         hit = hit[hit["device"].astype(str) == device] if len(hit) else hit
         if len(hit):
-            ax.scatter(_x(hit, offsets), _mib(hit["peak_bytes"]), marker="v",
+            ax.scatter(x_positions(hit, offsets), _mib(hit["peak_bytes"]), marker="v",
                        s=40, color="black", zorder=5,
                        label="_nolegend_" if marked else LABEL_SPIKE)
             marked += len(hit)

@@ -50,6 +50,9 @@ def test_demo_trains_flags_the_oversized_batch_and_writes_its_files(tmp_path):
     assert (out / "memwatch.csv").stat().st_size > 1000
     assert (out / "memwatch.png").read_bytes()[:4] == b"\x89PNG"
     assert f"Wrote {out / 'memwatch.csv'}" in text
+    page = (out / "memwatch.html").read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>") and 'id="timeline-0"' in page
+    assert f"and {out / 'memwatch.html'} (open it in a browser)" in text
 
 
 def test_report_summarizes_a_log_without_the_model(log, tmp_path):

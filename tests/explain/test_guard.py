@@ -61,6 +61,9 @@ def test_guard_writes_the_report_and_reraises_the_same_object(tmp_path, memwatch
     assert guard.error is error and not guard.deferred
     txt, csv = str(tmp_path / "mem.oom.txt"), str(tmp_path / "mem.oom.csv")
     assert guard.report_paths == (txt, csv)
+    assert guard.html_path == str(tmp_path / "mem.oom.html")
+    page = open(guard.html_path, encoding="utf-8").read()
+    assert 'id="timeline-0"' in page and f"backend</td><td>{BACKEND}" in page
     text = open(txt).read()
     assert text.startswith("keras_memwatch: training ran out of memory\n")
     assert f"exception: {type(error).__module__}." in text
@@ -104,8 +107,8 @@ def test_guard_without_a_log_writes_to_report_dir_and_never_overwrites(tmp_path)
             with oom_guard(watch, report_dir=tmp_path, last_n=3):
                 tiny_fit(watch, MemoryError("Tried to allocate 1.00 GiB"), at=5)
     assert sorted(os.listdir(tmp_path)) == [
-        "memwatch.oom.1.csv", "memwatch.oom.1.txt", "memwatch.oom.csv",
-        "memwatch.oom.txt"]
+        "memwatch.oom.1.csv", "memwatch.oom.1.html", "memwatch.oom.1.txt",
+        "memwatch.oom.csv", "memwatch.oom.html", "memwatch.oom.txt"]
     text = (tmp_path / "memwatch.oom.txt").read_text()
     table = text.split("Last 3 samples:\n")[1].split("\n\n")[0].splitlines()
     assert len(table) == 4  # header and three samples
@@ -186,7 +189,8 @@ def test_each_process_reports_next_to_its_own_log(tmp_path, monkeypatch, memwatc
     txt, csv = str(tmp_path / "mem.rank1.oom.txt"), str(tmp_path / "mem.rank1.oom.csv")
     assert guard.report_paths == (txt, csv)
     assert sorted(os.listdir(tmp_path)) == ["mem.rank1.csv", "mem.rank1.oom.csv",
-                                           "mem.rank1.oom.txt"]
+                                           "mem.rank1.oom.html", "mem.rank1.oom.txt"]
+    assert guard.html_path == str(tmp_path / "mem.rank1.oom.html")
     assert f"process: 1 of 2, on {watch.hostname}" in open(txt).read()
     assert set(load_log(csv)["process"]) == {1}
     errors = [r.getMessage() for r in memwatch_logs.records if r.levelno == logging.ERROR]
