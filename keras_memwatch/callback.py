@@ -428,6 +428,35 @@ class MemWatch(keras.callbacks.Callback):
                          breakdown=self.breakdown(batch_size), rises=rises,
                          by_layer=self._by_layer)
 
+    def report_html(self, path: PathLike, overwrite: bool = False, *,
+                    capacity: Any = None, ways: Optional[pd.DataFrame] = None) -> str:
+        """Writes one self-contained HTML page of the record (needs plotly:
+        `pip install 'keras-memwatch[html]'`): each device's timeline with
+        the spikes marked, each spike's alert and layer, where the memory
+        went, the by-layer table once `by_layer()` has run, the summary, and
+        the run's versions, options and sources. It opens offline.
+
+        Args:
+            path: the new file, ending in `.html`.
+            overwrite: replace an existing file. Defaults to `False`.
+            capacity: a `CapacityEstimate` of the model, shown with its
+                evidence. Defaults to `None`.
+            ways: a `ways_to_fit(...)` table of the model. Defaults to `None`.
+
+        Returns:
+            `path`, as a string.
+
+        Raises:
+            ImportError: without plotly.
+            FileExistsError: if `path` exists and `overwrite` is `False`.
+            ValueError: for a path that does not end in `.html` or lies in a
+                missing folder, before anything is written.
+        """
+        from keras_memwatch.explain.html import write_watch_report
+
+        return write_watch_report(self, path, by_layer=self._by_layer,
+                                  capacity=capacity, ways=ways, overwrite=overwrite)
+
     def guard(self, report_dir: Optional[PathLike] = None, last_n: int = 20) -> Any:
         """Guards a `fit` call (`with watch.guard(): model.fit(...)`): on an
         out-of-memory error it writes what was happening next to `log_path`

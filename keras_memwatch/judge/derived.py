@@ -33,7 +33,7 @@ LIMIT_SOURCES = (C.ALLOCATOR_LIMIT, C.NVML_TOTAL)
 #: The columns of the spike table (`MemWatch.spikes`).
 SPIKE_COLUMNS = ("step", "epoch", "batch", "device", "peak_bytes",
                  "baseline_bytes", "ratio", "working_bytes",
-                 "usual_working_bytes", "phase", "call")
+                 "usual_working_bytes", "phase", "call", "layer")
 
 class SettledInUse:
     """The memory in use between steps on a device whose step peaks come
@@ -175,6 +175,7 @@ def spikes_from_frame(frame: pd.DataFrame) -> pd.DataFrame:
         hit["ratio"] = [ratio(w, u) for w, u in
                         zip(hit["working_bytes"].astype("float64"),
                             hit["usual_working_bytes"].astype("float64"))]
+        hit["layer"] = None  # a log does not say which layer grew
         parts.append(hit)
     if not parts:
         return pd.DataFrame(columns=list(SPIKE_COLUMNS))

@@ -303,6 +303,16 @@ class SpikeMonitor:
             )
         burst.clear()
 
+    def name_layer(self, event: SpikeEvent, layer: str) -> SpikeEvent:
+        """Keeps `event` with the layer behind it (named on the training
+        thread, after judging); returns the named event."""
+        named = dataclasses.replace(event, layer=layer)
+        for i in range(len(self.events) - 1, -1, -1):
+            if self.events[i] is event:
+                self.events[i] = named
+                break
+        return named
+
     def end_epoch(self, epoch: int) -> None:
         """Closes bursts and checks each device for drift (and one-off rises)
         over the epoch."""

@@ -98,7 +98,7 @@ class CallSession:
             consumers.append(("stream samples", self.log))
         consumers.append(("follow the epoch's figures", self.figures.track))
         self.pipeline = Pipeline(sampler, consumers, t0)
-        self.delivery = SpikeDelivery(settings.on_spike, layers,
+        self.delivery = SpikeDelivery(settings.on_spike, layers, monitor.name_layer,
                                       lambda: self.watch.model, phase, alert,
                                       faults.report)
         self._open(in_order, planner)

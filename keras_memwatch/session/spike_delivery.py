@@ -9,7 +9,6 @@ at the epoch's end.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any, Callable, Optional
 
@@ -32,6 +31,8 @@ class SpikeDelivery:
     Args:
         on_spike: the user's callable, or `None`.
         layers: names the layer behind a spike, or `None`.
+        keep_layer: keeps a spike's layer in the record
+            (`SpikeMonitor.name_layer`); returns the named event.
         model: gives the model being watched (to set its stop flag).
         phase: the call's phase: `"train"`, `"test"` or `"predict"`.
         alert: log that the call stops.
@@ -39,10 +40,12 @@ class SpikeDelivery:
     """
 
     def __init__(self, on_spike: Optional[Callable[[SpikeEvent], Any]],
-                 layers: Optional[SpikeLayers], model: Callable[[], Any],
-                 phase: str, alert: bool,
+                 layers: Optional[SpikeLayers],
+                 keep_layer: Callable[[SpikeEvent, str], SpikeEvent],
+                 model: Callable[[], Any], phase: str, alert: bool,
                  fault: Callable[[str, Exception], None]) -> None:
         self.on_spike, self.layers, self.model = on_spike, layers, model
+        self.keep_layer = keep_layer
         self.flag = STOP_FLAGS[phase]
         self.alert, self.fault = alert, fault
 
@@ -76,4 +79,4 @@ class SpikeDelivery:
         except Exception as e:
             self.fault("naming a spike's layer", e)
             return event
-        return event if found is None else dataclasses.replace(event, layer=found.layer)
+        return event if found is None else self.keep_layer(event, found.layer)

@@ -79,6 +79,7 @@ def test_a_spike_at_an_unusual_input_shape_names_its_layer(memwatch_logs):
         assert named == [] and all(e.layer is None for e in events)
         return
     assert [e.layer for e in events] == ["wide"] * len(events)
+    assert watch.spikes["layer"].tolist() == ["wide"] * len(events)  # kept
     first = min(e.batch for e in events)
     assert named == [
         f"memory spike at epoch 0 batch {first} came with input shape (8, 256, 4), "

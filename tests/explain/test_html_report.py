@@ -431,3 +431,20 @@ def test_a_record_without_samples_gives_a_page_that_says_so(tmp_path):
     path = write_html_report(tmp_path / "empty.html", empty_frame())
     page = Path(path).read_text(encoding="utf-8")
     assert "No samples recorded." in page and "No spikes" in page
+
+
+def test_report_html_writes_the_page_of_the_watch(tmp_path):
+    import keras
+
+    watch = MemWatch(probes=[scripted(WORKING)], verbose=0)
+    model = tiny_model()
+    x, y = tiny_data(80)
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[watch])
+    watch.by_layer()
+    path = watch.report_html(tmp_path / "m.html")
+    page = Path(path).read_text(encoding="utf-8")
+    assert 'id="chart-by-layer"' in page
+    assert f"backend</td><td>{keras.backend.backend()}" in page
+    with pytest.raises(FileExistsError):
+        watch.report_html(tmp_path / "m.html")
+    assert watch.report_html(tmp_path / "m.html", overwrite=True) == str(tmp_path / "m.html")
