@@ -13,15 +13,22 @@ bytes go to the layer named in its instruction's metadata (or, for an
 instruction without any, such as a layout copy, in the nearest operand's
 that has one); aliases (bitcasts, tuple elements) count once, with their
 buffer. Parameters (the training state, the batch) are not activations.
+
+`live_at_peak` follows every buffer of the schedule from the instruction
+that makes it to its last reader, finds the moment the most bytes are
+live (the step's peak, as XLA's plan of the temporaries), and gives the
+bytes live then per name scope, forward and backward apart: the loss's
+and the optimizer update's buffers at the peak come from there.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from typing import Optional
 
-__all__ = ["kept_by_scope", "kept_by_row"]
+__all__ = ["LivePeak", "kept_by_row", "kept_by_scope", "live_at_peak", "row_of"]
 
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
           "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8,
@@ -143,25 +150,118 @@ def kept_by_scope(hlo: str) -> dict[Optional[str], int]:
     return out
 
 
+def row_of(scope: Optional[str], paths: Sequence[str], root: str
+           ) -> Optional[str]:
+    """The row whose path starts `scope` (the longest; the root model's own
+    scope, where present, left out). A layer called outside the model that
+    holds it (a tied embedding's reverse call, in a task's `call`) has a
+    scope of its own name alone: it matches the one row of that name."""
+    if scope is None:
+        return None
+    parts = [scope]
+    if scope.startswith(root + "/"):
+        parts.append(scope[len(root) + 1:])
+    ordered = sorted(paths, key=len, reverse=True)
+    row = next((p for s in parts for p in ordered
+                if s == p or s.startswith(p + "/")), None)
+    if row is not None:
+        return row
+    first = scope.split("/", 1)[0]
+    named = [p for p in paths if p.rsplit("/", 1)[-1] == first]
+    return named[0] if len(named) == 1 else None
+
+
 def kept_by_row(kept: dict[Optional[str], int], paths: Sequence[str],
                 root: str) -> tuple[dict[str, int], int]:
-    """Charges each scope's bytes to the row whose path starts it (the
-    longest; the root model's own scope, where present, left out).
+    """Charges each scope's bytes to its row (`row_of`).
 
     Returns:
         `(bytes per row path, bytes of no row)`.
     """
     rows: dict[str, int] = {}
     rest = 0
-    ordered = sorted(paths, key=len, reverse=True)
     for scope, size in kept.items():
-        parts = [] if scope is None else [scope]
-        if scope is not None and scope.startswith(root + "/"):
-            parts.append(scope[len(root) + 1:])
-        row = next((p for s in parts for p in ordered
-                    if s == p or s.startswith(p + "/")), None)
+        row = row_of(scope, paths, root)
         if row is None:
             rest += size
         else:
             rows[row] = rows.get(row, 0) + size
     return rows, rest
+
+
+@dataclasses.dataclass
+class LivePeak:
+    """The buffers live at the peak of a compiled step's schedule.
+
+    Attributes:
+        peak_bytes: the bytes live then (the training state and the batch,
+            which are parameters, not counted).
+        forward: name scope -> bytes live then, made by the forward pass
+            (`jvp(...)`); None: no scope found.
+        backward: the same, made by the backward pass (`transpose(jvp(...))`).
+        other: the same, made outside both (the optimizer's update, the
+            metrics), by their first name scope.
+    """
+
+    peak_bytes: int
+    forward: dict[Optional[str], int]
+    backward: dict[Optional[str], int]
+    other: dict[str, int]
+
+
+def _outer(op_name: str) -> str:
+    """The first name scope under the step's `jit(...)`: `"adam_w"`."""
+    parts = [p for p in op_name.split("/") if p and not p.startswith("jit(")]
+    return parts[0] if parts else ""
+
+
+def live_at_peak(hlo: str) -> Optional[LivePeak]:
+    """Follows each buffer of the entry computation from the instruction
+    that makes it to its last reader (an alias's readers are its buffer's;
+    a tuple's elements live as long as any is read; the outputs to the
+    end), and returns what is live where the most bytes are; None where
+    the program has no backward pass."""
+    entry = _entry(hlo)
+    if not any("transpose(jvp(" in ins[4] for ins in entry):
+        return None
+    buffers: dict[str, list[str]] = {}  # instruction -> the buffers it names
+    made: dict[str, list] = {}  # buffer -> [made at, bytes, op_name, last read]
+    for i, (name, shape, opcode, operands, op_name) in enumerate(entry):
+        if opcode in _ALIASES and operands:
+            buffers[name] = list(buffers.get(operands[0], ()))
+        elif opcode == "tuple":
+            buffers[name] = [b for o in operands for b in buffers.get(o, ())]
+        elif opcode in _NOT_ACTIVATIONS:
+            buffers[name] = []
+        else:
+            buffers[name] = [name]
+            made[name] = [i, _bytes(shape), op_name, i]
+        for operand in operands:
+            for b in buffers.get(operand, ()):
+                made[b][3] = i
+    for b in buffers.get(entry[-1][0], ()) if entry else ():
+        made[b][3] = len(entry)
+    change = [0] * (len(entry) + 2)
+    for at, size, _, last in made.values():
+        change[at] += size
+        change[last + 1] -= size
+    live = peak = peak_at = 0
+    for i, delta in enumerate(change):
+        live += delta
+        if live > peak:
+            peak, peak_at = live, i
+    forward: dict[Optional[str], int] = {}
+    backward: dict[Optional[str], int] = {}
+    other: dict[str, int] = {}
+    for at, size, op_name, last in made.values():
+        if not at <= peak_at <= last:
+            continue
+        scope = _scope(op_name)
+        if "transpose(jvp(" in op_name:
+            backward[scope] = backward.get(scope, 0) + size
+        elif "jvp(" in op_name:
+            forward[scope] = forward.get(scope, 0) + size
+        else:
+            key = _outer(op_name)
+            other[key] = other.get(key, 0) + size
+    return LivePeak(peak, forward, backward, other)
