@@ -28,6 +28,7 @@ __all__ = ["jax_step", "shapes_activations", "shapes_loss_row", "tensorflow_step
 
 #: Where notes compare a JAX row with what PyTorch keeps.
 _FUSED_SHARE = 0.5
+_DECOMPOSED = 2.5
 
 
 def _shapes_text(outputs: Sequence[tuple[tuple, str]]) -> str:
@@ -177,15 +178,25 @@ def jax_step(model: Any, batch: tuple[Any, Any], size: int,
             if scope is not None and "_bernoulli" in scope:
                 random[row] = random.get(row, 0) + bytes_
     activations = {id(r.layer): by_path.get(r.path, 0) for r in rows}
+    blocks = {p.rsplit("/", 1)[0] for p in paths if "/" in p}
     notes = {id(r.layer): _jax_note(activations[id(r.layer)], shapes[id(r.layer)],
-                                    random.get(r.path, 0), working) for r in rows}
+                                    random.get(r.path, 0), working,
+                                    r.path not in blocks and not _composite(r.layer))
+             for r in rows}
     step_rows = _jax_step_rows(model, live, paths, working)
     step_rows[0].output_shape = _shapes_text(outputs)
     return by_layer_table(model, rows, activations, "plan", working, words,
                           rest_source="plan", step_rows=step_rows, notes=notes)
 
 
-def _jax_note(kept: int, outputs: int, random: int, working: int) -> str:
+def _composite(layer: Any) -> bool:
+    """Whether a layer holds layers (a block, a model)."""
+    flatten = getattr(layer, "_flatten_layers", None)
+    return bool(flatten and list(flatten(include_self=False, recursive=False)))
+
+
+def _jax_note(kept: int, outputs: int, random: int, working: int, leaf: bool
+              ) -> str:
     """Why a JAX row may keep other bytes than PyTorch saves (rows of at
     least 1% of the step's working memory)."""
     notes: list[str] = []
@@ -197,6 +208,10 @@ def _jax_note(kept: int, outputs: int, random: int, working: int) -> str:
     if outputs and kept < _FUSED_SHARE * outputs:
         notes.append(f"keeps less than its outputs ({format_bytes(outputs)}): XLA "
                      "fused it into its neighbours or recomputes it")
+    elif leaf and outputs and kept > _DECOMPOSED * outputs and not random:
+        notes.append(f"keeps {kept / outputs:.1f}x its outputs: intermediates of "
+                     "XLA's decomposition of it (a fused PyTorch kernel, such as "
+                     "layer_norm's, keeps its input and small statistics)")
     return "; ".join(notes)
 
 

@@ -3,12 +3,15 @@
 Keras's PyTorch backend runs eagerly, so autograd sees every tensor a
 forward pass saves for the backward pass. While a step runs under
 `torch.autograd.graph.saved_tensors_hooks`, each saved tensor is charged
-to the layer running when it was saved (`CallTracer.owner`): its storage's
-bytes, once per storage (a tensor saved twice, or two views of one
-storage, count once), the model's own variables excluded (they are the
-weights, not activations). Tensors saved outside every layer (the loss)
-are counted apart; those saved while the model's `compute_loss` runs are
-the loss's. The loss row also holds the model's outputs (the logits: the
+to the layer that made it (whose call returned it), as XLA's plan charges
+a buffer to the name scope that made it (`jax_plan`); a tensor that is no
+layer's output (an intermediate of a layer's call, the batch) is charged
+to the layer running when it was saved (`CallTracer.owner`). Its
+storage's bytes count once per storage (a tensor saved twice, or two
+views of one storage, count once), the model's own variables excluded
+(they are the weights, not activations). Tensors saved while the model's
+`compute_loss` runs are the loss's, whoever made them (the logits); others
+saved outside every layer that no layer made are counted apart. The loss row also holds the model's outputs (the logits: the
 step holds them to its end, for the metrics) where no layer saved them,
 and the gradient the loss's backward pass makes of them: the largest
 bytes of gradients in and out of one of the loss's autograd nodes (a
@@ -237,7 +240,12 @@ def measure_saved(model: Any, run: Callable[[], None],
         torch.cuda.reset_peak_memory_stats()
         window[0], window[1] = key, torch.cuda.memory_allocated()
 
+    made: dict[int, LayerCalls] = {}  # an output's storage -> the row that made it
+
     def leave(row: LayerCalls, outputs: Any) -> None:
+        for t in keras.tree.flatten(outputs):
+            if isinstance(t, torch.Tensor):
+                made.setdefault(_storage(t)[0], row)
         if cuda:
             key = id(row.layer)
             delta = torch.cuda.memory_allocated() - started.pop(key)
@@ -256,7 +264,8 @@ def measure_saved(model: Any, run: Callable[[], None],
         pointer, size = _storage(tensor)
         if pointer and pointer not in seen and pointer not in weights:
             seen.add(pointer)
-            row: Optional[LayerCalls] = tracer.owner()
+            row: Optional[LayerCalls] = (None if loss.running else
+                                         made.get(pointer) or tracer.owner())
             if row is None:
                 outside[0] += size
                 if loss.running:
