@@ -184,7 +184,8 @@ def test_pytorch_measures_what_each_layer_saves_for_the_backward_pass():
         + output_bytes((32, 16, 16, 8)))
     # Flatten makes a view of a tensor saved already: a storage counts once.
     assert table.loc["flatten", "activation_bytes"] == 0
-    assert table.attrs["saved_bytes"] >= layers_of(table)["activation_bytes"].sum()
+    layers = table[~table.index.isin(STEP_ROWS)]
+    assert table.attrs["saved_bytes"] >= layers["activation_bytes"].sum()
 
 
 @TORCH
