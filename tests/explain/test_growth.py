@@ -10,6 +10,7 @@ import pytest
 
 from conftest import scripted
 from keras_memwatch import MemWatch
+from keras_memwatch.explain.layers import LOSS
 from keras_memwatch.explain.layers.growth import growth
 
 BACKEND = keras.backend.backend()
@@ -121,3 +122,20 @@ def test_a_spike_is_named_in_the_middle_of_an_epoch(memwatch_logs):
     batch, layer, fetched_then = named[0]
     assert fetched_then < 15  # named in the middle of the epoch
     assert batch in LONG and layer == "wide"
+
+
+def test_growth_names_the_loss_where_the_logits_grew_most():
+    # A language model's logits (sequence x vocabulary) outgrow every layer
+    # as the sequence grows: the loss keeps them and their gradient.
+    tokens = keras.Input((None,), dtype="int32")
+    h = keras.layers.Embedding(1000, 16, name="embed")(tokens)
+    h = keras.layers.Dense(64, activation="relu", name="hidden")(h)
+    model = keras.Model(tokens, keras.layers.Dense(1000, name="logits")(h))
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    found = growth(model, keras.KerasTensor((4, 16), "int32"),
+                   keras.KerasTensor((4, 256), "int32"))
+    logits = 4 * 1000 * 4  # bytes per token
+    assert found.layer == LOSS
+    assert (found.before_bytes, found.after_bytes) == (4 * 16 * logits, 4 * 256 * logits)
+    assert found.message == ("the loss's logits and their gradient grew most: "
+                             "1000.0 KiB -> 15.6 MiB (from shapes)")

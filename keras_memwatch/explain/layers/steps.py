@@ -29,6 +29,7 @@ __all__ = ["jax_step", "shapes_activations", "shapes_loss_row", "tensorflow_step
 #: Where notes compare a JAX row with what PyTorch keeps.
 _FUSED_SHARE = 0.5
 _DECOMPOSED = 2.5
+_NOTED = 0.001  # rows under this share of the step's working memory: no note
 
 
 def _shapes_text(outputs: Sequence[tuple[tuple, str]]) -> str:
@@ -181,7 +182,7 @@ def jax_step(model: Any, batch: tuple[Any, Any], size: int,
     blocks = {p.rsplit("/", 1)[0] for p in paths if "/" in p}
     notes = {id(r.layer): _jax_note(activations[id(r.layer)], shapes[id(r.layer)],
                                     random.get(r.path, 0), working,
-                                    r.path not in blocks and not _composite(r.layer))
+                                    r.path in blocks or not _composite(r.layer))
              for r in rows}
     step_rows = _jax_step_rows(model, live, paths, working)
     step_rows[0].output_shape = _shapes_text(outputs)
@@ -195,12 +196,13 @@ def _composite(layer: Any) -> bool:
     return bool(flatten and list(flatten(include_self=False, recursive=False)))
 
 
-def _jax_note(kept: int, outputs: int, random: int, working: int, leaf: bool
+def _jax_note(kept: int, outputs: int, random: int, working: int, own: bool
               ) -> str:
     """Why a JAX row may keep other bytes than PyTorch saves (rows of at
-    least 1% of the step's working memory)."""
+    least `_NOTED` of the step's working memory). `own`: the row holds its
+    own work alone (a layer without parts, or an opened block)."""
     notes: list[str] = []
-    if max(kept, outputs) < 0.01 * working:
+    if max(kept, outputs) < _NOTED * working:
         return ""
     if random:
         notes.append(f"{format_bytes(random)} of dropout's random bits (XLA keeps "
@@ -208,10 +210,10 @@ def _jax_note(kept: int, outputs: int, random: int, working: int, leaf: bool
     if outputs and kept < _FUSED_SHARE * outputs:
         notes.append(f"keeps less than its outputs ({format_bytes(outputs)}): XLA "
                      "fused it into its neighbours or recomputes it")
-    elif leaf and outputs and kept > _DECOMPOSED * outputs and not random:
+    elif own and outputs and kept > _DECOMPOSED * outputs and not random:
         notes.append(f"keeps {kept / outputs:.1f}x its outputs: intermediates of "
-                     "XLA's decomposition of it (a fused PyTorch kernel, such as "
-                     "layer_norm's, keeps its input and small statistics)")
+                     "XLA's decomposition of its work (PyTorch's fused kernels, "
+                     "such as layer_norm's, keep their input and small statistics)")
     return "; ".join(notes)
 
 
