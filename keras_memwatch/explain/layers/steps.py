@@ -134,7 +134,7 @@ def _torch_update(update: dict[str, Optional[int]], before: list[int]) -> StepRo
     """The update's row: its buffers where it holds the step's peak."""
     peak, start = update.get("peak"), update.get("start")
     if peak is None or start is None:
-        return StepRow(UPDATE, 0, 0, "measured",
+        return StepRow(UPDATE, 0, 0, "measured", extra_bytes=None,
                        note="not measured: the optimizer's update did not run "
                             "through `optimizer.apply`, or no peak was read")
     if before and peak <= max(before):

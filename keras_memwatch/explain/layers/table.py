@@ -64,7 +64,8 @@ class StepRow:
         source: where the figures come from.
         output_shape: the shape of what it keeps, as text. Defaults to `""`.
         extra_bytes: bytes of `working_bytes` beyond activations and
-            gradients (the update's buffers). Defaults to `0`.
+            gradients (the update's buffers); None where not measured (the
+            row's `working_bytes` is then missing). Defaults to `0`.
         measured_backward_bytes: its backward pass, measured by an
             allocator, or None. Defaults to `None`.
         note: why its figures are what they are. Defaults to `""`.
@@ -75,7 +76,7 @@ class StepRow:
     grad_bytes: int
     source: str
     output_shape: str = ""
-    extra_bytes: int = 0
+    extra_bytes: Optional[int] = 0
     measured_backward_bytes: Optional[int] = None
     note: str = ""
 
@@ -167,13 +168,15 @@ def by_layer_table(
             "output_shape": step.output_shape,
             "activation_bytes": step.activation_bytes, "param_bytes": 0,
             "grad_bytes": step.grad_bytes, "optimizer_bytes": 0,
-            "working_bytes": (step.activation_bytes + step.grad_bytes
+            "working_bytes": (pd.NA if step.extra_bytes is None else
+                              step.activation_bytes + step.grad_bytes
                               + step.extra_bytes),
             "measured_forward_bytes": pd.NA,
             "measured_backward_bytes": (pd.NA if step.measured_backward_bytes is None
                                         else step.measured_backward_bytes),
             "remat": False, "source": step.source, "note": step.note})
-    explained = sum(r["working_bytes"] for r in records)
+    explained = sum(r["working_bytes"] for r in records
+                    if r["working_bytes"] is not pd.NA)
     rest = pd.NA if working_bytes is None else working_bytes - explained
     records.append({
         "layer": REST, "class": "", "calls": 0, "output_shape": "",
