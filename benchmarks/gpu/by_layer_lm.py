@@ -124,7 +124,7 @@ def split(name: str, c: dict[str, int], top: int) -> dict[str, Any]:
     import keras
 
     from keras_memwatch import memory_by_layer
-    from keras_memwatch.explain.layers import REST, format_by_layer
+    from keras_memwatch.explain.layers import LOSS, REST, format_by_layer
 
     model = build(name, c)
     x, y = batch(c)
@@ -146,6 +146,8 @@ def split(name: str, c: dict[str, int], top: int) -> dict[str, Any]:
         "model": name, "config": c, "backend": keras.backend.backend(),
         "rows": rows, "working_bytes": working,
         "working_source": table.attrs["working_source"],
+        "logits_bytes": c["batch"] * c["seq"] * c["vocab"] * 4,
+        "loss_bytes": _int(table.set_index("layer").loc[LOSS, "working_bytes"]),
         "rest_bytes": rest,
         "rest_share": None if not working or rest is None else round(rest / working, 3),
         "rows_sum_bytes": explained,

@@ -15,8 +15,8 @@ the optimizer update's own buffers where the update holds the step's peak
 step's measured working memory less the sum of the other rows: the batch,
 the framework's workspaces, what no row explains; negative where the sum
 overstates the step's peak (activations are freed during the backward pass
-as gradients appear). A `note` says why, where the rest is over 15% of the
-step's working memory either way.
+as gradients appear). A `note` says why, where the rest is over 5% of the
+step's working memory either way (the rows then miss the step by more).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ REST = "(rest: batch, workspaces, not explained)"
 #: The rows that are not layers.
 STEP_ROWS = (LOSS, UPDATE, REST)
 #: A rest beyond this share of the step's working memory gets a note.
-REST_SHARE = 0.15
+REST_SHARE = 0.05
 
 COLUMNS = ("layer", "class", "calls", "output_shape", "activation_bytes",
            "param_bytes", "grad_bytes", "optimizer_bytes", "working_bytes",
@@ -184,7 +184,7 @@ def by_layer_table(
         "optimizer_bytes": 0, "working_bytes": rest,
         "measured_forward_bytes": pd.NA, "measured_backward_bytes": pd.NA,
         "remat": False, "source": rest_source if working_bytes is not None else "",
-        "note": _rest_note(rest, working_bytes, records)})
+        "note": _rest_note(rest, working_bytes, records, working_source)})
     table = pd.DataFrame.from_records(records, columns=list(COLUMNS))
     for column in COLUMNS:
         if column.endswith("_bytes"):
@@ -194,7 +194,8 @@ def by_layer_table(
     return table
 
 
-def _rest_note(rest: Any, working: Optional[int], records: list[dict]) -> str:
+def _rest_note(rest: Any, working: Optional[int], records: list[dict],
+               working_source: str) -> str:
     """Why the rest is large, where it is over `REST_SHARE` of the step."""
     if working is None:
         return "the step's working memory was not measured"
@@ -202,13 +203,16 @@ def _rest_note(rest: Any, working: Optional[int], records: list[dict]) -> str:
         return ""
     if rest < 0:
         grads = sum(r["grad_bytes"] for r in records if r["layer"] not in STEP_ROWS)
-        return (f"the rows overstate the step's peak by {format_bytes(-rest)}: "
+        return (f"the rows overstate the step's peak by {format_bytes(-rest)} "
+                f"({-rest / working:.0%}): "
                 "activations are freed during the backward pass as gradients "
                 f"({format_bytes(grads)} of the layers' weights) appear, and the "
                 "optimizer update runs once the activations are gone")
-    return (f"{format_bytes(rest)} held at the step's peak by no row: the batch, "
-            "the gradients of activations between layers, the framework's "
-            "workspaces, work outside the layers and the loss")
+    host = (", and the allocator's free blocks that the host's resident memory "
+            "still counts" if "host" in working_source else "")
+    return (f"{format_bytes(rest)} ({rest / working:.0%}) held at the step's peak "
+            "by no row: the batch, the gradients of activations between layers, "
+            f"the framework's workspaces, work outside the layers and the loss{host}")
 
 
 def format_by_layer(table: pd.DataFrame, top: int = 5) -> str:
