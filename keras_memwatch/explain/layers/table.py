@@ -237,8 +237,9 @@ def format_by_layer(table: pd.DataFrame, top: int = 5) -> str:
         lines.append(f"  {len(ranked) - top} other rows: {format_bytes(others)}")
     if total is not None:
         rest = table.loc[table["layer"] == REST].iloc[0]
-        note = f" ({rest['note']})" if rest["note"] else ""
-        lines.append(f"  {REST}: {format_bytes(rest['working_bytes'])}{note}")
+        lines.append(f"  {REST}: {format_bytes(rest['working_bytes'])}")
+        if rest["note"]:
+            lines.append(f"    {rest['note']}")
         lines.append(f"  = {format_bytes(total)}, the step's working memory "
                      f"({table.attrs.get('working_source', '')})")
     else:
