@@ -363,7 +363,8 @@ class MemWatch(keras.callbacks.Callback):
         return memory_breakdown(self.model, self.to_dataframe(), batch_size)
 
     def by_layer(self, batch_size: Optional[int] = None,
-                 expand_nested: bool = True) -> pd.DataFrame:
+                 expand_nested: bool = True,
+                 expand_blocks: bool = False) -> pd.DataFrame:
         """Splits the fit's step working memory over the model's layers: the
         table of `keras_memwatch.memory_by_layer` at the fit's first input
         shape, its last row the rest of a typical step's working memory as
@@ -377,6 +378,9 @@ class MemWatch(keras.callbacks.Callback):
                 with an unknown batch size).
             expand_nested: rows for the layers of nested models. Defaults to
                 `True`.
+            expand_blocks: open composite layers that are not models (a
+                transformer block, `MultiHeadAttention`): their parts get
+                rows of their own. Defaults to `False`.
 
         Raises:
             ValueError: before a fit, or for a bad `batch_size`.
@@ -387,9 +391,10 @@ class MemWatch(keras.callbacks.Callback):
         if batch_size is not None:
             options.positive_int("batch_size", batch_size)
         options.boolean("expand_nested", expand_nested)
+        options.boolean("expand_blocks", expand_blocks)
         self._by_layer = memory_by_layer_of_fit(
             self.model, self._shapes.seen if self._record.fit else [], self.breakdown(),
-            batch_size, expand_nested)
+            batch_size, expand_nested, expand_blocks)
         return self._by_layer
 
     def plot(self, path: Optional[PathLike] = None, ax: Any = None,

@@ -104,6 +104,7 @@ CASES = [
     ("batch_size", 0, V, ("MemWatch.summary", "MemWatch.breakdown", *BY_LAYER), None),
     ("batch_size", "8", T, ("MemWatch.summary", "MemWatch.breakdown", *BY_LAYER), None),
     ("expand_nested", "yes", T, BY_LAYER, None),
+    ("expand_blocks", "yes", T, BY_LAYER, None),
     ("path", 3, T, ("MemWatch.plot",), None),  # None: no file
     ("path", 3, T, FILES, None),
     ("overwrite", "yes", T, WRITERS, None),

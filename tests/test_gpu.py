@@ -111,6 +111,7 @@ def test_a_job_in_a_new_process_under_the_cap_trains_small_batches_and_fails_lar
                     reason="the allocator measures each layer's passes on PyTorch")
 def test_pytorch_measures_each_layers_forward_and_backward_pass():
     from keras_memwatch import memory_by_layer
+    from keras_memwatch.explain.layers import LOSS, STEP_ROWS
 
     model = keras.Sequential([
         keras.Input((32, 32, 3)),
@@ -122,7 +123,7 @@ def test_pytorch_measures_each_layers_forward_and_backward_pass():
     model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     x = np.random.default_rng(0).normal(size=(16, 32, 32, 3)).astype("float32")
     table = memory_by_layer(model, x, np.zeros(16, "int32")).set_index("layer")
-    layers = table.drop(index=table.index[-1])
+    layers = table.drop(index=list(STEP_ROWS))
     print("\n" + layers[["activation_bytes", "grad_bytes", "measured_forward_bytes",
                          "measured_backward_bytes"]].to_string())
     assert layers["measured_forward_bytes"].notna().all()
@@ -134,3 +135,6 @@ def test_pytorch_measures_each_layers_forward_and_backward_pass():
     conv1_output = 16 * 32 * 32 * 256 * 4
     assert layers.loc["conv2", "measured_backward_bytes"] >= conv1_output
     assert table.attrs["working_bytes"] >= layers["measured_backward_bytes"].max()
+    # The loss's backward pass: from its gradient to the logits' (at least
+    # the gradient of the logits).
+    assert table.loc[LOSS, "measured_backward_bytes"] >= 16 * 10 * 4

@@ -88,7 +88,7 @@ def check(gpu: bool, top: int = 5, batch: Optional[int] = None) -> dict[str, Any
     import numpy as np
 
     from keras_memwatch import memory_by_layer
-    from keras_memwatch.explain.layers import REST, format_by_layer
+    from keras_memwatch.explain.layers import LOSS, REST, STEP_ROWS, format_by_layer
 
     size = dict(SEED if gpu else SMALL)
     if batch is not None:
@@ -102,8 +102,10 @@ def check(gpu: bool, top: int = 5, batch: Optional[int] = None) -> dict[str, Any
     table = memory_by_layer(model, x, y)
     seconds = time.perf_counter() - began
     print(format_by_layer(table, top=top), file=sys.stderr)
-    layers = table[table["layer"] != REST]
+    layers = table[~table["layer"].isin(STEP_ROWS)]
     layers_sum = int(layers["working_bytes"].sum())
+    by_name = table.set_index("layer")["working_bytes"]
+    rows_sum = int(table[table["layer"] != REST]["working_bytes"].sum())
     working = table.attrs["working_bytes"]
     ref, ref_words = reference(model, x, y, n)
     head = layers.sort_values("working_bytes", ascending=False, kind="stable").head(top)
@@ -120,6 +122,10 @@ def check(gpu: bool, top: int = 5, batch: Optional[int] = None) -> dict[str, Any
         "working_source": table.attrs["working_source"],
         "layers_share_of_working": (None if not working
                                     else round(layers_sum / working, 3)),
+        "loss_bytes": _plain(by_name[LOSS]),
+        "rest_bytes": _plain(by_name[REST]),
+        "rows_share_of_working": (None if not working
+                                  else round(rows_sum / working, 3)),
         "saved_bytes": table.attrs.get("saved_bytes"),
         "held_at_backward_bytes": table.attrs.get("held_at_backward_bytes"),
         "reference_bytes": ref, "reference_source": ref_words,

@@ -75,7 +75,7 @@ class SpikeDelivery:
         unusual input shape."""
         assert self.layers is not None
         try:
-            found = self.layers.name(event)
+            found = self.layers.layer_of(event)
         except Exception as e:
             self.fault("naming a spike's layer", e)
             return event

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from keras_memwatch import MemWatch, memory_by_layer
-from keras_memwatch.explain.layers import REST
+from keras_memwatch.explain.layers import LOSS, REST, STEP_ROWS, UPDATE
 
 BACKEND = keras.backend.backend()
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,7 +71,7 @@ def state_of(model):
 
 
 def layers_of(table):
-    return table[table["layer"] != REST]
+    return table[~table["layer"].isin(STEP_ROWS)]
 
 
 def expected_source():
@@ -95,6 +95,9 @@ def test_a_row_per_layer_in_call_order_and_the_rest_last(build, data, batch):
                 if not isinstance(layer, keras.layers.InputLayer)]
     assert list(layers_of(table)["layer"]) == expected
     assert table["layer"].iloc[-1] == REST
+    # The step's own rows: the loss, the update (where a step runs), the rest.
+    steps = [LOSS, REST] if BACKEND == "tensorflow" else [LOSS, UPDATE, REST]
+    assert list(table["layer"].iloc[-len(steps):]) == steps
     assert set(layers_of(table)["source"]) == {expected_source()}
     assert all(shape.startswith(f"({batch},")
                for shape in layers_of(table)["output_shape"])
@@ -103,9 +106,9 @@ def test_a_row_per_layer_in_call_order_and_the_rest_last(build, data, batch):
     assert table["param_bytes"].sum() == weights
     trainable = sum(np.asarray(keras.ops.convert_to_numpy(v.value)).nbytes
                     for v in model.trainable_weights)
-    assert table["grad_bytes"].sum() == trainable
-    assert table["optimizer_bytes"].sum() == 2 * trainable  # Adam's two slots
     layers = layers_of(table)
+    assert layers["grad_bytes"].sum() == trainable  # the loss's: of its outputs
+    assert table["optimizer_bytes"].sum() == 2 * trainable  # Adam's two slots
     assert (layers["working_bytes"]
             == layers["activation_bytes"] + layers["grad_bytes"]).all()
 
@@ -127,7 +130,11 @@ def test_shapes_give_each_layer_its_outputs_at_the_batch_size():
     assert table.loc["conv_a", "activation_bytes"] == output_bytes((32, 16, 16, 8))
     assert table.loc["conv_b", "activation_bytes"] == output_bytes((32, 16, 16, 16))
     assert table.loc["pool", "activation_bytes"] == output_bytes((32, 8, 8, 16))
-    assert table.loc["logits", "activation_bytes"] == output_bytes((32, 10))
+    # The logits are the loss's: the outputs and their log-softmax, and two
+    # arrays of their gradient.
+    assert table.loc["logits", "activation_bytes"] == 0
+    assert table.loc[LOSS, "activation_bytes"] == 2 * output_bytes((32, 10))
+    assert table.loc[LOSS, "grad_bytes"] == 2 * output_bytes((32, 10))
     assert table["measured_forward_bytes"].isna().all()
     assert table["measured_backward_bytes"].isna().all()
 
@@ -177,7 +184,8 @@ def test_pytorch_measures_what_each_layer_saves_for_the_backward_pass():
         + output_bytes((32, 16, 16, 8)))
     # Flatten makes a view of a tensor saved already: a storage counts once.
     assert table.loc["flatten", "activation_bytes"] == 0
-    assert table.attrs["saved_bytes"] >= table["activation_bytes"].sum()
+    layers = table[~table.index.isin(STEP_ROWS)]
+    assert table.attrs["saved_bytes"] >= layers["activation_bytes"].sum()
 
 
 @TORCH
@@ -202,7 +210,7 @@ def test_pytorch_saved_bytes_match_the_host_memory_held_at_the_backward_pass():
         x, y = np.ones((8, 32, 32, 3), "float32"), np.zeros(8, "int32")
         memory_by_layer(model, x, y, batch_size=64)  # the process's first step
         t = memory_by_layer(model, x, y, batch_size=64)
-        layers = int(t[t.layer != REST].working_bytes.sum())
+        layers = int(t[t.layer != REST].working_bytes.sum())  # and the loss
         print(t.attrs["saved_bytes"], t.attrs["held_at_backward_bytes"], layers,
               t.attrs["working_bytes"])
     """)

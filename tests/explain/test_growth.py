@@ -10,6 +10,7 @@ import pytest
 
 from conftest import scripted
 from keras_memwatch import MemWatch
+from keras_memwatch.explain.layers import LOSS
 from keras_memwatch.explain.layers.growth import growth
 
 BACKEND = keras.backend.backend()
@@ -122,3 +123,48 @@ def test_a_spike_is_named_in_the_middle_of_an_epoch(memwatch_logs):
     batch, layer, fetched_then = named[0]
     assert fetched_then < 15  # named in the middle of the epoch
     assert batch in LONG and layer == "wide"
+
+
+def test_growth_names_the_loss_where_the_logits_grew_most():
+    # A language model's logits (sequence x vocabulary) outgrow every layer
+    # as the sequence grows: the loss keeps them and their gradient.
+    tokens = keras.Input((None,), dtype="int32")
+    h = keras.layers.Embedding(1000, 16, name="embed")(tokens)
+    h = keras.layers.Dense(64, activation="relu", name="hidden")(h)
+    model = keras.Model(tokens, keras.layers.Dense(1000, name="logits")(h))
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    found = growth(model, keras.KerasTensor((4, 16), "int32"),
+                   keras.KerasTensor((4, 256), "int32"))
+    logits = 4 * 1000 * 4  # bytes per token
+    assert found.layer == LOSS
+    assert (found.before_bytes, found.after_bytes) == (4 * 16 * logits, 4 * 256 * logits)
+    assert found.message == ("the loss's logits and their gradient grew most: "
+                             "1000.0 KiB -> 15.6 MiB (from shapes)")
+
+
+class Tokens(keras.utils.PyDataset):
+    """16 batches of 4 token sequences: 16 tokens long, 256 at the `LONG`
+    batches; the targets are the tokens."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        tokens = np.ones((4, 256 if i in LONG else 16), "int32")
+        return tokens, tokens
+
+
+def test_a_spike_at_a_longer_sequence_names_the_loss(memwatch_logs):
+    if BACKEND == "tensorflow":
+        pytest.skip("no batch's shape is known under TensorFlow")
+    tokens = keras.Input((None,), dtype="int32")
+    h = keras.layers.Embedding(1000, 16, name="embed")(tokens)
+    model = keras.Model(tokens, keras.layers.Dense(1000, name="logits")(h))
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    probe = scripted([400 if b in LONG else 40 for b in range(16)])
+    events = []
+    watch = MemWatch(probes=[probe], on_spike=events.append)
+    model.fit(Tokens(), epochs=1, callbacks=[watch], verbose=0, shuffle=False)
+    assert events and {e.layer for e in events} == {LOSS}
+    assert "came with input shape (4, 256), where most batches had (4, 16): the " \
+           "loss's logits and their gradient grew most" in memwatch_logs.text

@@ -6,7 +6,10 @@
   per layer, measured;
 - `jax_plan`: JAX, the buffers XLA's compiled step keeps for the backward
   pass, per name scope;
+- `steps`: one training step per backend, split into the layers' rows and
+  the step's own (the loss, the optimizer update);
 - `table`: the table and its block of the summary;
+- `growth`: which layer (or the loss) grew with the input's shape;
 - `by_layer`: `memory_by_layer`, and the table of a recorded fit.
 
 This package imports no framework until a function runs.
@@ -16,6 +19,8 @@ from __future__ import annotations
 
 from keras_memwatch.explain.layers.by_layer import (memory_by_layer,
                                                     memory_by_layer_of_fit)
-from keras_memwatch.explain.layers.table import REST, format_by_layer
+from keras_memwatch.explain.layers.table import (LOSS, REST, STEP_ROWS, UPDATE,
+                                                 format_by_layer)
 
-__all__ = ["REST", "format_by_layer", "memory_by_layer", "memory_by_layer_of_fit"]
+__all__ = ["LOSS", "REST", "STEP_ROWS", "UPDATE", "format_by_layer", "memory_by_layer",
+           "memory_by_layer_of_fit"]

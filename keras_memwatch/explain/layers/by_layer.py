@@ -3,20 +3,23 @@
 Each backend gives what it can:
 
 - PyTorch (`"measured"`): one real step of `fit`, with autograd's saved
-  tensors charged to the layer that saved them (`torch_saved`), and the
-  step's working memory from the device's peak (the CUDA allocator, or the
-  host's resident memory on a CPU).
+  tensors charged to the layer that saved them, or to the loss
+  (`torch_saved`), and the step's working memory from the device's peak
+  (the CUDA allocator, or the host's resident memory on a CPU).
 - JAX (`"plan"`): the buffers XLA's compiled step keeps for the backward
-  pass, charged to layers by their name scopes (`jax_plan`), and the
-  step's working memory from the same plan (compiled, never run).
-- TensorFlow (`"shapes"`): likewise; the step's working memory from one
-  real step on a GPU (the allocator's peak); on a CPU it is not measured
-  (TensorFlow's CPU allocator keeps no statistics).
+  pass, charged to layers by their name scopes, and the loss's and the
+  update's at the plan's peak (`jax_plan`); the step's working memory
+  from the same plan (compiled, never run).
+- TensorFlow (`"shapes"`): the layers' outputs and the loss from shapes;
+  the step's working memory from one real step on a GPU (the allocator's
+  peak); on a CPU it is not measured (TensorFlow's CPU allocator keeps no
+  statistics).
+
+The steps themselves are in `steps`.
 """
 
 from __future__ import annotations
 
-import gc
 from typing import Any, Optional
 
 import pandas as pd
@@ -24,7 +27,10 @@ import pandas as pd
 from keras_memwatch import options
 from keras_memwatch.call_wrapping import elements, signature
 from keras_memwatch.explain.layers.growth import Growth, growth
-from keras_memwatch.explain.layers.shapes import batch_spec, output_bytes, trace_shapes
+from keras_memwatch.explain.layers.shapes import batch_spec, trace_step
+from keras_memwatch.explain.layers.steps import (jax_step, shapes_activations,
+                                                 shapes_loss_row, tensorflow_step,
+                                                 torch_step)
 from keras_memwatch.explain.layers.table import by_layer_table
 
 __all__ = ["memory_by_layer", "memory_by_layer_of_fit"]
@@ -46,26 +52,34 @@ def memory_by_layer(
     batch_size: Optional[int] = None,
     *,
     expand_nested: bool = True,
+    expand_blocks: bool = False,
 ) -> pd.DataFrame:
     """Splits a training step's working memory over the model's layers.
 
-    One row per layer, in call order, and a last row for the rest of the
-    step's working memory (the loss, the batch, the optimizer's update, the
-    framework's workspaces), so that `working_bytes` adds up to the step's
-    working memory where it is measured. Where each figure comes from:
+    One row per layer, in call order; then a row for the loss (the logits
+    it keeps and their gradient: on a language model often the largest
+    item of a step), one for the optimizer's update (its buffers, where it
+    holds the step's peak), and a last row for the rest of the step's
+    working memory (the batch, the framework's workspaces, what no row
+    explains), so that `working_bytes` adds up to the step's working memory
+    where it is measured. Where each figure comes from:
 
     - PyTorch: one real step of `fit`; each layer's `activation_bytes` are
       the bytes autograd saved for the backward pass while it ran
-      (`source="measured"`), and the step's working memory is the device's
-      peak during the step less what was in use before it (the CUDA
-      allocator; the host's resident memory on a CPU).
+      (`source="measured"`); the loss's are what it saved and the model's
+      outputs the step holds, its `grad_bytes` the gradients its backward
+      pass makes; the step's working memory is the device's peak during
+      the step less what was in use before it (the CUDA allocator; the
+      host's resident memory on a CPU).
     - JAX: `activation_bytes` are the buffers XLA's compiled step keeps
       from the forward pass for the backward pass, charged to the layer
-      whose name scope made them (`source="plan"`); the step's working
-      memory is the same plan beyond the training state.
+      whose name scope made them (`source="plan"`); the loss and the
+      update hold their scopes' buffers live at the plan's peak; the
+      step's working memory is the same plan beyond the training state.
     - TensorFlow: the layer's outputs at the batch size, from shapes and
-      dtypes (`source="shapes"`); the working memory from one real step on
-      a GPU, not measured on a CPU.
+      dtypes (`source="shapes"`), and the loss as one array of the
+      outputs' size kept and one for their gradient; the working memory
+      from one real step on a GPU, not measured on a CPU.
 
     Every variable of the model, its optimizer and its metrics is put back
     bit for bit afterwards. A model not built yet is built, as `fit` would.
@@ -80,6 +94,12 @@ def memory_by_layer(
         expand_nested: give the layers of a nested model (a layer that is a
             `keras.Model`) rows of their own; `False` keeps it whole, as
             one row. Defaults to `True`.
+        expand_blocks: open composite layers that are not models (a
+            transformer block, `MultiHeadAttention`): their parts (the
+            projections, the attention's softmax, the feed-forward layers)
+            get rows of their own, named `"block/part"`, and the block's
+            row keeps the work of its own `call` outside them. Defaults to
+            `False`.
 
     Returns:
         A `pandas.DataFrame` with columns `layer` (its name, prefixed by
@@ -101,7 +121,8 @@ def memory_by_layer(
         pass, the loss's too) and `held_at_backward_bytes` (the device's
         memory in use as the backward pass starts, less that before the
         step). Work in a model's own `call` outside its layers (an `ops.add`
-        of two layers' outputs) belongs to the rest.
+        of two layers' outputs) belongs to the rest; the model's outputs
+        (the logits) to the loss.
 
     Raises:
         ValueError: for a model that is not compiled, or a bad `batch_size`.
@@ -118,6 +139,7 @@ def memory_by_layer(
     if batch_size is not None:
         batch_size = options.positive_int("batch_size", batch_size)
     options.boolean("expand_nested", expand_nested)
+    options.boolean("expand_blocks", expand_blocks)
     _compiled(model)
     import keras
 
@@ -131,103 +153,17 @@ def memory_by_layer(
     backend = keras.backend.backend()
     try:
         if backend == "torch":
-            return _torch_step(model, data.take(size), expand_nested)
-        rows = trace_shapes(model, batch_spec(data.x, size), expand_nested)
-        activations = {id(r.layer): output_bytes(r) for r in rows}
-        source = "shapes"
+            return torch_step(model, data.take(size), expand_nested, expand_blocks)
+        rows, outputs = trace_step(model, batch_spec(data.x, size), expand_nested,
+                                   expand_blocks)
         if backend == "jax":
-            working, words, kept = _jax_plan(model, data.take(1), size)
-            if kept:
-                from keras_memwatch.explain.layers.jax_plan import kept_by_row
-
-                by_path, _ = kept_by_row(kept, [r.path for r in rows], model.name)
-                activations = {id(r.layer): by_path.get(r.path, 0) for r in rows}
-                source = "plan"
-        else:
-            working, words = _tensorflow_step(model, data.take(size))
-        return by_layer_table(model, rows, activations, source, working, words,
-                              rest_source="plan" if backend == "jax" else "measured")
+            return jax_step(model, data.take(1), size, rows, outputs)
+        working, words = tensorflow_step(model, data.take(size))
+        return by_layer_table(model, rows, shapes_activations(rows, outputs),
+                              "shapes", working, words,
+                              step_rows=[shapes_loss_row(outputs)])
     finally:
         state.restore()
-
-
-def _torch_step(model: Any, batch: tuple[Any, Any], expand_nested: bool
-                ) -> pd.DataFrame:
-    from keras_memwatch.measure.batches import fit_steps
-    from keras_memwatch.measure.device import Device
-    from keras_memwatch.explain.layers.torch_saved import measure_saved
-
-    device = Device("torch", None)
-    try:
-        gc.collect()
-        in_use = device.in_use()
-        device.read()  # resets the peaks
-        held: dict[str, Any] = {}
-
-        def at_backward() -> None:
-            held.update(device.read())  # and resets the peak
-
-        gc.disable()
-        try:
-            saved = measure_saved(model, lambda: fit_steps(model, batch, 1),
-                                  expand_nested, at_backward)
-        finally:
-            gc.enable()
-        peaks = [p for p in (held.get(device.peak_column), device.peak(), saved.peak)
-                 if p is not None]
-    finally:
-        device.close()
-    peak = max(peaks) if peaks else None
-    working = None if peak is None else max(peak - in_use, 0)
-    words = ("one real step: " + ("the CUDA allocator's" if device.on_gpu else
-                                  "the host's resident") +
-             " peak less the memory in use before it")
-    table = by_layer_table(model, saved.rows, saved.saved, "measured", working,
-                           words, forward=saved.forward, backward=saved.backward)
-    current = held.get("current_bytes")
-    table.attrs.update(
-        saved_bytes=sum(saved.saved.values()) + saved.outside,
-        held_at_backward_bytes=None if current is None else current - in_use)
-    return table
-
-
-def _jax_plan(model: Any, batch: tuple[Any, Any], size: int
-              ) -> tuple[int, str, dict[Optional[str], int]]:
-    """XLA's plan of `fit`'s step: its working bytes, in words, and the bytes
-    it keeps for the backward pass by name scope (`jax_plan`)."""
-    from keras_memwatch.explain.layers.jax_plan import kept_by_scope
-    from keras_memwatch.judge import xla_plan
-
-    lowered, state_bytes, _ = xla_plan.lower_step(model, batch, size, batches_ahead=0)
-    compiled = lowered.compile()
-    working = max(xla_plan.planned_bytes(compiled) - state_bytes, 0)
-    try:
-        kept = kept_by_scope(compiled.as_text())
-    except Exception:  # an HLO text this parser does not know: shapes instead
-        kept = {}
-    return (working, "XLA's compiled plan of fit's step beyond the training state",
-            kept)
-
-
-def _tensorflow_step(model: Any, batch: tuple[Any, Any]
-                     ) -> tuple[Optional[int], str]:
-    from keras_memwatch.measure.batches import fit_steps
-    from keras_memwatch.measure.device import Device
-
-    device = Device("tensorflow", None)
-    try:
-        if not device.on_gpu:
-            return None, ("not measured: TensorFlow's CPU allocator keeps no "
-                          "statistics")
-        in_use = device.in_use()
-        device.read()
-        fit_steps(model, batch, 1)
-        peak = device.peak()
-    finally:
-        device.close()
-    return (None if peak is None else max(peak - in_use, 0),
-            "one real step (tracing included): the allocator's peak less the "
-            "memory in use before it")
 
 
 def memory_by_layer_of_fit(
@@ -236,6 +172,7 @@ def memory_by_layer_of_fit(
     breakdown: dict[str, Any],
     batch_size: Optional[int] = None,
     expand_nested: bool = True,
+    expand_blocks: bool = False,
 ) -> pd.DataFrame:
     """The by-layer table of a recorded fit, without a training step.
 
@@ -243,8 +180,9 @@ def memory_by_layer_of_fit(
     with (`record.batch_shapes`), and the step's working memory the typical
     one the record measured (`breakdown`, from `memory_breakdown`).
     PyTorch measures one forward pass at that shape (on zeros; its saved
-    tensors); the other backends call the model symbolically. Where the
-    fit saw several input shapes, `attrs["grew"]` names the layer whose
+    tensors); the other backends call the model symbolically. The loss row
+    comes from the model's outputs' shapes on every backend (no loss runs);
+    there is no update row. Where the fit saw several input shapes, `attrs["grew"]` names the layer whose
     activations grew most from the first shape to the largest (a
     `Growth`).
 
@@ -270,22 +208,23 @@ def memory_by_layer_of_fit(
 
     state = ModelState(model)
     try:
+        rows, outputs = trace_step(model, x_spec, expand_nested, expand_blocks)
+        loss = [shapes_loss_row(outputs)]
         if keras.backend.backend() == "torch":
             from keras_memwatch.explain.layers.torch_saved import measure_saved
 
             inputs = keras.tree.map_structure(
                 lambda s: keras.ops.zeros(s.shape, s.dtype), x_spec)
             saved = measure_saved(model, lambda: model(inputs, training=True),
-                                  expand_nested)
+                                  expand_nested, expand_blocks=expand_blocks)
             table = by_layer_table(model, saved.rows, saved.saved, "measured",
                                    working_bytes, working_source,
-                                   forward=saved.forward, rest_source=rest_source)
+                                   forward=saved.forward, rest_source=rest_source,
+                                   step_rows=loss)
         else:
-            rows = trace_shapes(model, x_spec, expand_nested)
-            table = by_layer_table(model, rows,
-                                   {id(r.layer): output_bytes(r) for r in rows},
+            table = by_layer_table(model, rows, shapes_activations(rows, outputs),
                                    "shapes", working_bytes, working_source,
-                                   rest_source=rest_source)
+                                   rest_source=rest_source, step_rows=loss)
         table.attrs["grew"] = _grew(model, seen, x_spec, expand_nested)
     finally:
         state.restore()

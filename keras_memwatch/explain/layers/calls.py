@@ -11,7 +11,12 @@ of a `MultiHeadAttention`, belong to it).
 Rows: the layers of the model (`model.layers`, recursively), a nested
 model (a layer that is a `keras.Model`) expanded into its own layers, or
 kept whole as one row with `expand_nested=False`. A layer called several
-times (shared) is one row.
+times (shared) is one row. With `expand_blocks=True` a composite layer
+that is not a model (a transformer block, a `MultiHeadAttention`: a layer
+holding layers) is opened: each of its parts is a row of its own
+(`"block/part"`, recursively), and the block's row keeps only the work of
+its own `call` outside its parts (a residual add, the attention scores'
+product).
 """
 
 from __future__ import annotations
@@ -63,12 +68,14 @@ class CallTracer:
             it ends (on the calling thread).
         no_remat: switch rematerialization off while active (the shapes of
             a symbolic walk do not depend on it). Defaults to `False`.
+        expand_blocks: open composite layers that are not models: their
+            parts get rows of their own. Defaults to `False`.
     """
 
     def __init__(self, model: Any, expand_nested: bool = True,
                  on_enter: Optional[Callable[[LayerCalls], None]] = None,
                  on_exit: Optional[Callable[[LayerCalls, Any], None]] = None,
-                 no_remat: bool = False):
+                 no_remat: bool = False, expand_blocks: bool = False):
         import keras
 
         self.model = model
@@ -80,6 +87,7 @@ class CallTracer:
         # (wrap_call's token, the layer's remat mode)
         self._wrapped: list[tuple[tuple, Any]] = []
         self._walk: list[tuple[Any, Optional[str]]] = []  # (layer, row path or None)
+        self._expand_blocks = expand_blocks
         self._expand(model, "", keras.Model, expand_nested)
 
     def _expand(self, model: Any, prefix: str, model_type: type,
@@ -92,6 +100,15 @@ class CallTracer:
                 self._expand(layer, f"{prefix}{layer.name}/", model_type, True)
             elif type(layer).__name__ != "InputLayer":
                 self._walk.append((layer, prefix + layer.name))
+                if self._expand_blocks:
+                    self._open(layer, prefix + layer.name)
+
+    def _open(self, block: Any, path: str) -> None:
+        """Rows for the parts of a composite layer, recursively."""
+        for part in block._flatten_layers(include_self=False, recursive=False):
+            if not any(part is seen for seen, _ in self._walk):
+                self._walk.append((part, f"{path}/{part.name}"))
+                self._open(part, f"{path}/{part.name}")
 
     def owner(self) -> Optional[LayerCalls]:
         """The row the running work belongs to, or None outside every row."""
@@ -125,8 +142,11 @@ class CallTracer:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             owner = tracer.owner()
-            # A row layer called inside another row layer is part of it.
-            mine = row if owner is None else None
+            # A row layer called inside another row layer is part of it,
+            # unless it is a part of an opened block.
+            mine = (row if owner is None or (
+                row is not None and row.path.startswith(owner.path + "/"))
+                else None)
             if mine is not None and id(layer) not in tracer.rows:
                 tracer.rows[id(layer)] = mine
                 tracer.order.append(mine)

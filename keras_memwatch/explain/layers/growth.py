@@ -1,7 +1,10 @@
 """Which layer's activations grew most where the input's shape grew.
 
-From shapes alone (`trace_shapes`): the model is called symbolically at
-both input shapes, so nothing runs and no device memory is taken.
+From shapes alone (`trace_step`): the model is called symbolically at
+both input shapes, so nothing runs and no device memory is taken. The loss
+is a candidate too (`LOSS`: the model's outputs, what the loss keeps of
+them and their gradient, as `shapes_loss_row` counts them): on a language
+model whose sequences grow, the logits usually grow most.
 `SpikeLayers` answers it during a fit, for a spike whose batch had another
 input shape than most batches.
 """
@@ -12,7 +15,9 @@ import dataclasses
 import logging
 from typing import Any, Callable, Optional
 
-from keras_memwatch.explain.layers.shapes import output_bytes, trace_shapes
+from keras_memwatch.explain.layers.shapes import trace_step
+from keras_memwatch.explain.layers.steps import shapes_activations, shapes_loss_row
+from keras_memwatch.explain.layers.table import LOSS
 from keras_memwatch.units import format_bytes
 
 __all__ = ["Growth", "SpikeLayers", "growth"]
@@ -40,19 +45,21 @@ class Growth:
     @property
     def message(self) -> str:
         """"the activations of dense grew most: 8.0 MiB -> 128 MiB (from shapes)"."""
-        return (f"the activations of {self.layer} grew most: "
+        what = ("the loss's logits and their gradient" if self.layer == LOSS
+                else f"the activations of {self.layer}")
+        return (f"{what} grew most: "
                 f"{format_bytes(self.before_bytes)} -> "
                 f"{format_bytes(self.after_bytes)} (from shapes)")
 
 
 def growth(model: Any, before: Any, after: Any, expand_nested: bool = True
            ) -> Optional[Growth]:
-    """The layer whose outputs grew most in bytes from input `before` to
-    input `after` (each as `keras.KerasTensor`s); None where none grew."""
+    """The layer (or the loss, `LOSS`) whose bytes grew most from input
+    `before` to input `after` (each as `keras.KerasTensor`s); None where
+    none grew."""
     import keras
 
-    was = {r.path: output_bytes(r) for r in trace_shapes(model, before, expand_nested)}
-    now = {r.path: output_bytes(r) for r in trace_shapes(model, after, expand_nested)}
+    was, now = _bytes(model, before, expand_nested), _bytes(model, after, expand_nested)
     if not now:
         return None
     name = max(now, key=lambda p: now[p] - was.get(p, 0))
@@ -63,6 +70,17 @@ def growth(model: Any, before: Any, after: Any, expand_nested: bool = True
         return tuple(keras.tree.flatten(spec)[0].shape)
 
     return Growth(name, was.get(name, 0), now[name], shape(before), shape(after))
+
+
+def _bytes(model: Any, spec: Any, expand_nested: bool) -> dict[str, int]:
+    """Each row's outputs' bytes and the loss row's, by path."""
+    rows, outputs = trace_step(model, spec, expand_nested)
+    activations = shapes_activations(rows, outputs)
+    out = {r.path: activations[id(r.layer)] for r in rows}
+    if outputs:
+        loss = shapes_loss_row(outputs)
+        out[LOSS] = loss.activation_bytes + loss.grad_bytes
+    return out
 
 
 class SpikeLayers:
@@ -81,7 +99,7 @@ class SpikeLayers:
         self.model, self.shapes, self.alert = model, shapes, alert
         self._known: dict[tuple[int, int], Optional[Growth]] = {}
 
-    def name(self, event: Any) -> Optional[Growth]:
+    def layer_of(self, event: Any) -> Optional[Growth]:
         """The layer that grew most from the usual input to the spike's
         batch's; None where the batch's input was the usual one or is not
         known. The first time a pair of shapes is named, it is logged."""

@@ -13,15 +13,22 @@ bytes go to the layer named in its instruction's metadata (or, for an
 instruction without any, such as a layout copy, in the nearest operand's
 that has one); aliases (bitcasts, tuple elements) count once, with their
 buffer. Parameters (the training state, the batch) are not activations.
+
+`live_at_peak` follows every buffer of the schedule from the instruction
+that makes it to its last reader, finds the moment the most bytes are
+live (the step's peak, as XLA's plan of the temporaries), and gives the
+bytes live then per name scope, forward and backward apart: the loss's
+and the optimizer update's buffers at the peak come from there.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
-from typing import Optional
+from typing import NamedTuple, Optional
 
-__all__ = ["kept_by_scope", "kept_by_row"]
+__all__ = ["LivePeak", "kept_by_row", "kept_by_scope", "live_at_peak", "row_of"]
 
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
           "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8,
@@ -57,9 +64,20 @@ def _bytes(shape: str) -> int:
     return total
 
 
-def _entry(hlo: str) -> list[tuple[str, str, str, list[str], str]]:
-    """`(name, shape, opcode, operands, op_name)` of each instruction of the
-    entry computation, in schedule order."""
+class Instruction(NamedTuple):
+    """One instruction of an HLO computation: the buffer name it defines,
+    its shape text, its opcode, the names it reads, and the op metadata's
+    name (its Keras name scope, where it has one)."""
+
+    name: str
+    shape: str
+    opcode: str
+    operands: list[str]
+    op_name: str
+
+
+def _entry(hlo: str) -> list[Instruction]:
+    """Each instruction of the entry computation, in schedule order."""
     lines = hlo.split("\nENTRY ", 1)[-1].split("\n")[1:]
     out = []
     for line in lines:
@@ -74,8 +92,8 @@ def _entry(hlo: str) -> list[tuple[str, str, str, list[str], str]]:
         open_at = len(opcode)
         operands = _OPERAND.findall(rest[open_at:_closing(rest, open_at)])
         op_name = _OP_NAME.search(rest)
-        out.append((name.lstrip("%"), shape, opcode, operands,
-                    op_name.group(1) if op_name else ""))
+        out.append(Instruction(name.lstrip("%"), shape, opcode, operands,
+                               op_name.group(1) if op_name else ""))
     return out
 
 
@@ -94,24 +112,24 @@ def kept_by_scope(hlo: str) -> dict[Optional[str], int]:
     step's optimized HLO text, by name scope (None: no scope found).
     Empty where the program has no backward pass."""
     entry = _entry(hlo)
-    if not any("transpose(jvp(" in ins[4] for ins in entry):
+    if not any("transpose(jvp(" in ins.op_name for ins in entry):
         return {}
     # Where the forward pass ends: after its last instruction (XLA may
     # schedule parts of the backward pass earlier, where their inputs allow).
     boundary = 1 + max((i for i, ins in enumerate(entry)
-                        if "jvp(" in ins[4] and "transpose(jvp(" not in ins[4]),
+                        if "jvp(" in ins.op_name and "transpose(jvp(" not in ins.op_name),
                        default=-1)
-    by_name = {ins[0]: (i, ins) for i, ins in enumerate(entry)}
+    by_name = {ins.name: (i, ins) for i, ins in enumerate(entry)}
 
     def buffer(name: str) -> str:
         seen = 0
         while seen < 64:
             _, ins = by_name[name]
-            if ins[2] not in _ALIASES or not ins[3]:
+            if ins.opcode not in _ALIASES or not ins.operands:
                 return name
-            if ins[2] == "get-tuple-element":
+            if ins.opcode == "get-tuple-element":
                 return name  # an element of a tuple: its own buffer
-            name, seen = ins[3][0], seen + 1
+            name, seen = ins.operands[0], seen + 1
         return name
 
     def scope(name: str) -> Optional[str]:
@@ -121,15 +139,16 @@ def kept_by_scope(hlo: str) -> dict[Optional[str], int]:
             if current in done or current not in by_name:
                 continue
             done.add(current)
-            found = _scope(by_name[current][1][4])
+            ins = by_name[current][1]
+            found = _scope(ins.op_name)
             if found is not None:
                 return found
-            todo.extend(by_name[current][1][3])
+            todo.extend(ins.operands)
         return None
 
     kept: set[str] = set()
-    for _, _, _, operands, _ in entry[boundary:]:
-        for operand in operands:
+    for ins in entry[boundary:]:
+        for operand in ins.operands:
             if operand in by_name and by_name[operand][0] < boundary:
                 kept.add(buffer(operand))
     out: dict[Optional[str], int] = {}
@@ -143,25 +162,130 @@ def kept_by_scope(hlo: str) -> dict[Optional[str], int]:
     return out
 
 
+def row_of(scope: Optional[str], paths: Sequence[str], root: str
+           ) -> Optional[str]:
+    """The row whose path starts `scope` (the longest; the root model's own
+    scope, where present, left out). A layer called outside the model that
+    holds it (a tied embedding's reverse call, in a task's `call`) has a
+    scope of its own name alone: it matches the one row of that name."""
+    if scope is None:
+        return None
+    parts = [scope]
+    if scope.startswith(root + "/"):
+        parts.append(scope[len(root) + 1:])
+    ordered = sorted(paths, key=len, reverse=True)
+    row = next((p for s in parts for p in ordered
+                if s == p or s.startswith(p + "/")), None)
+    if row is not None:
+        return row
+    first = scope.split("/", 1)[0]
+    named = [p for p in paths if p.rsplit("/", 1)[-1] == first]
+    return named[0] if len(named) == 1 else None
+
+
 def kept_by_row(kept: dict[Optional[str], int], paths: Sequence[str],
                 root: str) -> tuple[dict[str, int], int]:
-    """Charges each scope's bytes to the row whose path starts it (the
-    longest; the root model's own scope, where present, left out).
+    """Charges each scope's bytes to its row (`row_of`).
 
     Returns:
         `(bytes per row path, bytes of no row)`.
     """
     rows: dict[str, int] = {}
     rest = 0
-    ordered = sorted(paths, key=len, reverse=True)
     for scope, size in kept.items():
-        parts = [] if scope is None else [scope]
-        if scope is not None and scope.startswith(root + "/"):
-            parts.append(scope[len(root) + 1:])
-        row = next((p for s in parts for p in ordered
-                    if s == p or s.startswith(p + "/")), None)
+        row = row_of(scope, paths, root)
         if row is None:
             rest += size
         else:
             rows[row] = rows.get(row, 0) + size
     return rows, rest
+
+
+@dataclasses.dataclass
+class LivePeak:
+    """The buffers live at the peak of a compiled step's schedule.
+
+    Attributes:
+        peak_bytes: the bytes live then (the training state and the batch,
+            which are parameters, not counted).
+        forward: name scope -> bytes live then, made by the forward pass
+            (`jvp(...)`); None: no scope found.
+        backward: the same, made by the backward pass (`transpose(jvp(...))`).
+        other: the same, made outside both (the optimizer's update, the
+            metrics), by their first name scope.
+    """
+
+    peak_bytes: int
+    forward: dict[Optional[str], int]
+    backward: dict[Optional[str], int]
+    other: dict[str, int]
+
+
+def _outer(op_name: str) -> str:
+    """The first name scope under the step's `jit(...)`: `"adam_w"`."""
+    parts = [p for p in op_name.split("/") if p and not p.startswith("jit(")]
+    return parts[0] if parts else ""
+
+
+@dataclasses.dataclass
+class _Buffer:
+    """A buffer of the program: where it is made, its bytes, its maker's
+    op name, and the last instruction that reads it."""
+
+    made_at: int
+    size: int
+    op_name: str
+    last_read: int
+
+
+def live_at_peak(hlo: str) -> Optional[LivePeak]:
+    """Follows each buffer of the entry computation from the instruction
+    that makes it to its last reader (an alias's readers are its buffer's;
+    a tuple's elements live as long as any is read; the outputs to the
+    end), and returns what is live where the most bytes are; None where
+    the program has no backward pass."""
+    entry = _entry(hlo)
+    if not any("transpose(jvp(" in ins.op_name for ins in entry):
+        return None
+    buffers: dict[str, list[str]] = {}  # instruction -> the buffers it names
+    made: dict[str, _Buffer] = {}  # by the instruction that makes it
+    for i, (name, shape, opcode, operands, op_name) in enumerate(entry):
+        if opcode in _ALIASES and operands:
+            buffers[name] = list(buffers.get(operands[0], ()))
+        elif opcode == "tuple":
+            buffers[name] = [b for o in operands for b in buffers.get(o, ())]
+        elif opcode in _NOT_ACTIVATIONS:
+            buffers[name] = []
+        else:
+            buffers[name] = [name]
+            made[name] = _Buffer(i, _bytes(shape), op_name, i)
+        for operand in operands:
+            for b in buffers.get(operand, ()):
+                made[b].last_read = i
+    for b in buffers.get(entry[-1].name, ()) if entry else ():
+        made[b].last_read = len(entry)
+    change = [0] * (len(entry) + 2)
+    for buffer in made.values():
+        change[buffer.made_at] += buffer.size
+        change[buffer.last_read + 1] -= buffer.size
+    live = peak = peak_at = 0
+    for i, delta in enumerate(change):
+        live += delta
+        if live > peak:
+            peak, peak_at = live, i
+    forward: dict[Optional[str], int] = {}
+    backward: dict[Optional[str], int] = {}
+    other: dict[str, int] = {}
+    for buffer in made.values():
+        if not buffer.made_at <= peak_at <= buffer.last_read:
+            continue
+        size, op_name = buffer.size, buffer.op_name
+        scope = _scope(op_name)
+        if "transpose(jvp(" in op_name:
+            backward[scope] = backward.get(scope, 0) + size
+        elif "jvp(" in op_name:
+            forward[scope] = forward.get(scope, 0) + size
+        else:
+            key = _outer(op_name)
+            other[key] = other.get(key, 0) + size
+    return LivePeak(peak, forward, backward, other)

@@ -17,7 +17,8 @@ from typing import Any
 from keras_memwatch.variables import dtype_size
 from keras_memwatch.explain.layers.calls import CallTracer, LayerCalls
 
-__all__ = ["batch_spec", "output_bytes", "output_shape", "trace_shapes"]
+__all__ = ["batch_spec", "output_bytes", "output_shape", "trace_shapes",
+           "trace_step"]
 
 
 def batch_spec(x: Any, size: int) -> Any:
@@ -32,8 +33,8 @@ def batch_spec(x: Any, size: int) -> Any:
     return keras.tree.map_structure(spec, x)
 
 
-def trace_shapes(model: Any, x_spec: Any, expand_nested: bool = True
-                 ) -> list[LayerCalls]:
+def trace_shapes(model: Any, x_spec: Any, expand_nested: bool = True,
+                 expand_blocks: bool = False) -> list[LayerCalls]:
     """The model's rows in call order, each with its outputs' specs.
 
     Args:
@@ -41,12 +42,26 @@ def trace_shapes(model: Any, x_spec: Any, expand_nested: bool = True
         x_spec: its inputs as `keras.KerasTensor`s (`batch_spec`).
         expand_nested: rows for the layers of nested models. Defaults to
             `True`.
+        expand_blocks: rows for the parts of composite layers. Defaults to
+            `False`.
     """
+    return trace_step(model, x_spec, expand_nested, expand_blocks)[0]
+
+
+def trace_step(model: Any, x_spec: Any, expand_nested: bool = True,
+               expand_blocks: bool = False
+               ) -> tuple[list[LayerCalls], tuple[tuple[tuple, str], ...]]:
+    """`trace_shapes`, and the `(shape, dtype)` of the model's outputs (what
+    the loss receives)."""
     from keras.src import backend
 
-    with CallTracer(model, expand_nested, no_remat=True) as tracer:
-        backend.compute_output_spec(lambda x: model(x, training=True), x_spec)
-    return tracer.order
+    from keras_memwatch.call_wrapping import signature
+
+    with CallTracer(model, expand_nested, no_remat=True,
+                    expand_blocks=expand_blocks) as tracer:
+        outputs = backend.compute_output_spec(lambda x: model(x, training=True),
+                                              x_spec)
+    return tracer.order, signature(outputs) or ()
 
 
 def output_bytes(row: LayerCalls) -> int:

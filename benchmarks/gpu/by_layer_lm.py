@@ -1,0 +1,232 @@
+"""Which layer, on decoder language models (issue 46), on a GPU.
+
+Splits one training step of keras-hub decoders with
+`keras_memwatch.memory_by_layer(..., expand_blocks=True)` and prints, per
+model: the top rows (the loss, the blocks, the parts of a block), the
+rest's share of the step's working memory, the rows' sum against the step
+(and, on PyTorch, against a warm `fit` step measured apart with
+`torch.cuda.max_memory_allocated`), and the seconds it took. Models:
+
+- `gpt2`: keras-hub GPT-2 base (12 layers, width 768, vocabulary 50,257),
+  sequence 512, batch 8;
+- `llama`: a Llama shape (8 layers, width 1024, 16 query and 8 key-value
+  heads, feed-forward 2816, vocabulary 32,000), sequence 512, batch 8;
+- `qwen2`: held out (not run while the code was written; Qwen2, 4 layers,
+  width 512, vocabulary 32,000), sequence 512, batch 8.
+
+Each run writes its rows to `--json`; `--compare A.json B.json` (no
+backend needed) prints each row's `activation_bytes` on both backends,
+their ratio, whether they agree within 25%, and the JAX row's note.
+
+    KERAS_BACKEND=torch python3 -m benchmarks.gpu.by_layer_lm --json torch.json
+    KERAS_BACKEND=jax python3 -m benchmarks.gpu.by_layer_lm --json jax.json
+    python3 -m benchmarks.gpu.by_layer_lm --compare torch.json jax.json
+
+`--small` runs tiny versions of the same models (width 64, 2 layers,
+vocabulary 8,000, sequence 64, batch 8: a CPU check, about a minute per
+backend; on PyTorch with `MALLOC_MMAP_THRESHOLD_=131072`, so that the
+host's resident memory follows the tensors alive).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, Optional
+
+FULL = {
+    "gpt2": dict(vocab=50257, layers=12, width=768, heads=12, ffn=3072, seq=512,
+                 batch=8),
+    "llama": dict(vocab=32000, layers=8, width=1024, heads=16, kv_heads=8,
+                  ffn=2816, seq=512, batch=8),
+    "qwen2": dict(vocab=32000, layers=4, width=512, heads=8, kv_heads=4, ffn=1536,
+                  seq=512, batch=8),
+}
+SMALL = {  # the sizes of tests/explain/test_by_layer_lm.py
+    "gpt2": dict(vocab=8000, layers=2, width=64, heads=2, ffn=256, seq=64, batch=8),
+    "llama": dict(vocab=8000, layers=2, width=64, heads=4, kv_heads=2, ffn=128,
+                  seq=64, batch=8),
+    "qwen2": dict(vocab=8000, layers=2, width=64, heads=4, kv_heads=2, ffn=128,
+                  seq=64, batch=8),
+}
+AGREE = 0.25  # within 25%
+
+
+def build(name: str, c: dict[str, int]) -> Any:
+    import keras
+    import keras_hub
+
+    models = keras_hub.models
+    if name == "gpt2":
+        backbone = models.GPT2Backbone(
+            vocabulary_size=c["vocab"], num_layers=c["layers"], num_heads=c["heads"],
+            hidden_dim=c["width"], intermediate_dim=c["ffn"],
+            max_sequence_length=c["seq"])
+        model = models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+    elif name == "llama":
+        backbone = models.LlamaBackbone(
+            vocabulary_size=c["vocab"], num_layers=c["layers"],
+            num_query_heads=c["heads"], num_key_value_heads=c["kv_heads"],
+            hidden_dim=c["width"], intermediate_dim=c["ffn"])
+        model = models.LlamaCausalLM(backbone=backbone, preprocessor=None)
+    else:
+        backbone = models.Qwen2Backbone(
+            vocabulary_size=c["vocab"], num_layers=c["layers"],
+            num_query_heads=c["heads"], num_key_value_heads=c["kv_heads"],
+            hidden_dim=c["width"], intermediate_dim=c["ffn"])
+        model = models.Qwen2CausalLM(backbone=backbone, preprocessor=None)
+    model.compile(optimizer=keras.optimizers.AdamW(1e-4),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  weighted_metrics=["accuracy"])
+    return model
+
+
+def batch(c: dict[str, int]) -> tuple[Any, Any]:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    shape = (c["batch"], c["seq"])
+    x = {"token_ids": rng.integers(0, c["vocab"], shape).astype("int32"),
+         "padding_mask": np.ones(shape, "int32")}
+    return x, rng.integers(0, c["vocab"], shape).astype("int32")
+
+
+def reference(model: Any, x: Any, y: Any) -> tuple[Optional[int], str]:
+    """A warm `fit` step's peak, measured apart (PyTorch on a CUDA device)."""
+    import keras
+
+    if keras.backend.backend() != "torch":
+        return None, "none apart from XLA's plan"
+    import torch
+
+    if not torch.cuda.is_available():
+        return None, "no CUDA device"
+    n = keras.tree.flatten(x)[0].shape[0]
+    keras.Model.fit(model, x, y, batch_size=n, epochs=1, verbose=0)  # warm
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    keras.Model.fit(model, x, y, batch_size=n, epochs=1, verbose=0)
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before,
+            "torch.cuda.max_memory_allocated during a warm fit step")
+
+
+def _int(value: Any) -> Optional[int]:
+    import pandas as pd
+
+    return None if pd.isna(value) else int(value)
+
+
+def split(name: str, c: dict[str, int], top: int) -> dict[str, Any]:
+    import keras
+
+    from keras_memwatch import memory_by_layer
+    from keras_memwatch.explain.layers import LOSS, REST, format_by_layer
+
+    model = build(name, c)
+    x, y = batch(c)
+    began = time.perf_counter()
+    table = memory_by_layer(model, x, y, expand_blocks=True)
+    seconds = time.perf_counter() - began
+    print(f"--- {name} on {keras.backend.backend()}", file=sys.stderr)
+    print(format_by_layer(table, top=top), file=sys.stderr)
+    working = table.attrs["working_bytes"]
+    rest = _int(table.set_index("layer").loc[REST, "working_bytes"])
+    ref, ref_words = reference(model, x, y)
+    root = model.backbone.name + "/"
+    rows = [{"layer": r["layer"].removeprefix(root), "class": r["class"],
+             "activation_bytes": _int(r["activation_bytes"]),
+             "working_bytes": _int(r["working_bytes"]), "note": r["note"]}
+            for r in table.to_dict("records")]
+    explained = None if working is None or rest is None else working - rest
+    return {
+        "model": name, "config": c, "backend": keras.backend.backend(),
+        "rows": rows, "working_bytes": working,
+        "working_source": table.attrs["working_source"],
+        "logits_bytes": c["batch"] * c["seq"] * c["vocab"] * 4,
+        "loss_bytes": _int(table.set_index("layer").loc[LOSS, "working_bytes"]),
+        "rest_bytes": rest,
+        "rest_share": None if not working or rest is None else round(rest / working, 3),
+        "rows_sum_bytes": explained,
+        "reference_bytes": ref, "reference_source": ref_words,
+        "rows_sum_over_reference": (None if not ref or explained is None
+                                    else round(explained / ref, 3)),
+        "seconds": round(seconds, 1),
+    }
+
+
+def blocks(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Each top-level row's activations, its parts' added (a block whole)."""
+    out: dict[str, int] = {}
+    for r in rows:
+        head = r["layer"].split("/", 1)[0]
+        out[head] = out.get(head, 0) + (r["activation_bytes"] or 0)
+    return out
+
+
+def compare(a_path: str, b_path: str) -> int:
+    """Prints each row's activations on two backends and their agreement."""
+    a_runs = {r["model"]: r for r in json.load(open(a_path))}
+    b_runs = {r["model"]: r for r in json.load(open(b_path))}
+    from keras_memwatch.units import format_bytes
+
+    for name in a_runs.keys() & b_runs.keys():
+        a, b = a_runs[name], b_runs[name]
+        print(f"\n{name}: {a['backend']} vs {b['backend']} (activation_bytes)")
+        notes = {r["layer"]: r["note"] for r in b["rows"]}
+        for r in b["rows"]:  # a block's notes: its own and its parts'
+            head = r["layer"].split("/", 1)[0]
+            if r["note"] and head != r["layer"]:
+                notes[head] = "; ".join(filter(None, (notes.get(head), r["note"])))
+        for level, (ra, rb) in (("block", (blocks(a["rows"]), blocks(b["rows"]))),
+                                ("row", ({r["layer"]: r["activation_bytes"] or 0
+                                          for r in a["rows"]},
+                                         {r["layer"]: r["activation_bytes"] or 0
+                                          for r in b["rows"]}))):
+            big = max(max(ra.values(), default=0), 1)
+            agree = noted = total = 0
+            for layer, va in ra.items():
+                vb = rb.get(layer)
+                if vb is None or max(va, vb) < 0.01 * big:
+                    continue  # rows under 1% of the largest: not compared
+                ratio = vb / va if va else float("inf")
+                ok = abs(ratio - 1) <= AGREE
+                total += 1
+                agree += ok
+                noted += not ok and bool(notes.get(layer))
+                if level == "block" or not ok:
+                    print(f"  {level:5} {layer[:58]:58} {format_bytes(va):>10} "
+                          f"{format_bytes(vb):>10} {ratio:6.2f} "
+                          f"{'ok' if ok else 'NO'} {notes.get(layer, '')[:70]}")
+            print(f"  {level}s within {AGREE:.0%}: {agree} of {total}; beyond it "
+                  f"with a note on JAX: {noted}")
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--small", action="store_true", help="tiny models (CPU)")
+    parser.add_argument("--models", default="gpt2,llama,qwen2")
+    parser.add_argument("--top", type=int, default=8, help="rows listed")
+    parser.add_argument("--json", default=None, help="write the runs here")
+    parser.add_argument("--compare", nargs=2, default=None, metavar="JSON")
+    args = parser.parse_args(argv)
+    if args.compare:
+        return compare(*args.compare)
+    sizes = SMALL if args.small else FULL
+    runs = []
+    for name in args.models.split(","):
+        run = split(name, sizes[name], args.top)
+        runs.append(run)
+        print(json.dumps({k: v for k, v in run.items() if k != "rows"}))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(runs, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
