@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.2.0"
+from keras_memwatch.version import __version__
 
 _PUBLIC = {
     "CapacityEstimate": "keras_memwatch.capacity",

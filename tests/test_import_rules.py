@@ -12,7 +12,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "keras_memwatch"
 #: The floors, from the ground up. A room is a top-level module or folder.
 FLOORS: tuple[frozenset[str], ...] = tuple(frozenset(f.split()) for f in (
     # the ground: the vocabulary and small facts every room may use
-    "options units columns files call_wrapping oom_errors variables deprecation",
+    "options units columns files call_wrapping oom_errors variables deprecation version",
     "configure",    # memory settings, devices, ranks
     "record",       # probes -> sampler -> blocks -> pipeline, recorder, log
     "judge",        # detector, spikes, drift, XLA plans, derived figures

@@ -26,7 +26,7 @@ NOT_IN_LOG = "not recorded in a log"
 def process_versions() -> dict[str, str]:
     """The versions of Python, keras_memwatch and each framework this
     process has imported (none is imported here)."""
-    from keras_memwatch import __version__
+    from keras_memwatch.version import __version__
 
     out = {"keras_memwatch": __version__, "python": platform.python_version(),
            "platform": platform.platform(terse=True)}
