@@ -8,8 +8,8 @@ host's peak resident memory on a CPU). On JAX the plan serves on the
 host too: the host's resident memory keeps what an earlier variant
 freed, so variants measured one after another by it do not compare
 (`docs/ways-to-fit.md`). The sizes
-asked about are the device batch and a half and a quarter of it (the
-line through them reaches the sizes beyond). On PyTorch and TensorFlow
+asked about are the device batch and half of it (the line through them
+reaches the sizes beyond). On PyTorch and TensorFlow
 with a GPU, the capacity search then checks the answer near the limit,
 as it checks an estimate's (`capacity.search.Search`).
 
@@ -100,9 +100,9 @@ def state_bytes(model: Any) -> int:
 
 
 def sizes_for(batch: int, host_largest: Optional[int]) -> list[int]:
-    """The sizes asked about: a quarter, a half and all of `batch` (at least
-    two sizes), none above `host_largest`."""
-    sizes = sorted({max(1, batch // 4), max(1, batch // 2), batch})
+    """The sizes asked about: half and all of `batch` (at least two sizes),
+    none above `host_largest`."""
+    sizes = sorted({max(1, batch // 2), batch})
     if len(sizes) < 2:
         sizes = [1, 2]
     if host_largest is not None:
