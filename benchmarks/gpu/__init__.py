@@ -1,0 +1,1 @@
+"""Scripts the lead runs on a GPU (each prints a compact table)."""
