@@ -78,7 +78,22 @@ def add_fit_check_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
                                                      int),
                         help="with --ways: the batch you want (default: the "
                              "samples the function returns)")
+    parser.add_argument("--levers", metavar="L1,L2,...", default="all",
+                        type=checked("levers", _levers, _names),
+                        help="with --ways: the levers to measure (default: all; "
+                             "names as keras_memwatch.ways_to_fit takes them)")
     return parser
+
+
+def _names(text: str) -> Any:
+    """`--levers`: `all` or comma-separated names."""
+    return "all" if text == "all" else [n.strip() for n in text.split(",") if n.strip()]
+
+
+def _levers(name: str, value: Any) -> Any:
+    from keras_memwatch.ways.levers import LEVER_NAMES
+
+    return options.names_or_all(name, value, LEVER_NAMES)
 
 
 def _load_function(spec: str) -> Callable[[], Any]:
@@ -235,7 +250,8 @@ def _print_ways(model: Any, x: Any, y: Any, args: argparse.Namespace) -> None:
     from keras_memwatch.ways import ways_to_fit
 
     table = ways_to_fit(model, x, y, batch_size=args.batch_size,
-                        headroom=args.headroom, device=args.device)
+                        headroom=args.headroom, levers=args.levers,
+                        device=args.device)
     if args.json:
         print(table.to_json(orient="records", indent=2))
     else:

@@ -29,6 +29,7 @@ class Situation:
         heavy_layers: the layers that hold the most activations (names
             as `keras.RematScope` matches them), or why none are known.
         accumulation: the gradient accumulation steps to measure.
+        settings: each measured row's setting, by its lever.
     """
 
     model: Any
@@ -38,6 +39,7 @@ class Situation:
     bf16_slow: bool = False
     heavy_layers: Any = ()
     accumulation: int = 2
+    settings: dict = dataclasses.field(default_factory=dict)
 
     @property
     def optimizer_name(self) -> str:

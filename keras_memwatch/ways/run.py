@@ -3,8 +3,10 @@ combinations, the table."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
+import re
 import time
 from typing import Any, Callable, Optional
 
@@ -89,7 +91,9 @@ def ways_to_fit(
         first row is the model as it is (`lever="as is"`), then the levers,
         the most saved first, then the combinations. `attrs` holds
         `batch_size`, `headroom`, `device`, `limit_bytes`, `base_bytes`
-        (in use apart from the model's state) and `seconds`.
+        (in use apart from the model's state), `settings` (each measured
+        row's `variant.Setting` as a dict, to rebuild it elsewhere) and
+        `seconds`.
 
     Raises:
         ValueError: for a model that is not compiled, or a bad
@@ -137,6 +141,8 @@ def ways_to_fit(
         "batch_size": b, "headroom": headroom, "backend": keras.backend.backend(),
         "device": "GPU" if situation.on_gpu else "host",
         "limit_bytes": account.limit, "base_bytes": account.base,
+        "settings": {lever: dataclasses.asdict(setting)
+                     for lever, setting in situation.settings.items()},
         "seconds": round(time.perf_counter() - began, 2)})
 
 
@@ -167,6 +173,7 @@ def _measure_all(model: Any, data: Batches, b: int, headroom: float,
     if "remat_layers" in names:
         situation.heavy_layers = _heavy_layers(model, data, b)
     rows, saved = [], []
+    situation.settings = {T.AS_IS: Setting()}
     for lever in levers:
         row, m = _lever_row(lever, situation, model, data, b, headroom, device,
                             account, say)
@@ -189,12 +196,12 @@ def _lever_row(lever: Lever, s: Situation, model: Any, data: Batches, b: int,
         return T.unmeasured_row(lever.name, "", "not applied: " + why, lever.note(s)
                                 if lever.name != "shorter_sequence" else ""), None
     setting = lever.setting(s)
+    s.settings[lever.name] = setting
     try:
         m = _measure(model, data, b, setting, headroom, device, say)
     except Exception as e:  # noqa: BLE001 - the lever's failure is its row
         logger.info("ways_to_fit: %s could not be measured: %r", lever.name, e)
-        return T.unmeasured_row(lever.name, lever.change(s),
-                                f"not measured: {type(e).__name__}: {e}"[:300],
+        return T.unmeasured_row(lever.name, lever.change(s), _failed(e),
                                 lever.note(s)), None
     return T.measured_row(lever.name, lever.change(s), lever.note(s), m, account,
                           setting.accumulation), m
@@ -207,12 +214,19 @@ def _group_row(group: list[Lever], s: Situation, model: Any, data: Batches, b: i
     change = "; ".join(lever.change(s) for lever in group)
     notes = "; ".join(lever.note(s) for lever in group)
     setting = combined(group, s)
+    s.settings[name] = setting
     try:
         m = _measure(model, data, b, setting, headroom, device, say)
     except Exception as e:  # noqa: BLE001
-        return T.unmeasured_row(name, change, f"not measured: {type(e).__name__}: "
-                                f"{e}"[:300], notes)
+        return T.unmeasured_row(name, change, _failed(e), notes)
     return T.measured_row(name, change, notes, m, account, setting.accumulation)
+
+
+def _failed(error: BaseException) -> str:
+    """A row's `how` where measuring raised: the error's first line."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))  # Keras's bold
+    words = " ".join(line.strip() for line in text.splitlines() if line.strip())
+    return f"not measured: {type(error).__name__}: {words}"[:240]
 
 
 def _accumulation(model: Any, b: int, as_is: Measured, account: T.Account) -> int:

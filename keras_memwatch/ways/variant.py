@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import warnings
 from collections.abc import Iterator
 from typing import Any, Optional
 
@@ -55,6 +56,15 @@ class Setting:
     accumulation: int = 1
     remat: Optional[tuple[tuple[str, Any], ...]] = None
     sequence: Optional[int] = None
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Setting:
+        """A setting from `dataclasses.asdict` of one (lists made tuples)."""
+        remat = values.get("remat")
+        if remat is not None:
+            remat = tuple((k, tuple(v) if isinstance(v, list) else v)
+                          for k, v in remat)
+        return cls(**{**values, "remat": remat})
 
     def merged(self, other: Setting) -> Setting:
         """This setting with `other`'s changes added (`other` wins)."""
@@ -96,7 +106,10 @@ def rebuilt(model: Any, policy: str) -> Any:
 
     config = _replace_policies(keras.saving.serialize_keras_object(model), policy)
     config.pop("build_config", None)
-    clone = keras.saving.deserialize_keras_object(config)
+    with warnings.catch_warnings():
+        # a model whose `compile` is its own is compiled below
+        warnings.filterwarnings("ignore", message=".*compile.*")
+        clone = keras.saving.deserialize_keras_object(config)
     if not getattr(clone, "compiled", False):
         clone.compile(**_compile_arguments(model))
     return clone
@@ -117,8 +130,7 @@ def rebuild_problem(model: Any) -> str:
     try:
         keras.saving.serialize_keras_object(model)
         if type(model).get_config is keras.Model.get_config and \
-                type(model).__init__ is not keras.Model.__init__ and \
-                not getattr(model, "_is_graph_network", False):
+                type(model).__init__ is not keras.Model.__init__:
             return (f"{type(model).__name__} is a subclassed model without "
                     "`get_config`: it cannot be rebuilt with another dtype policy")
     except Exception as e:  # noqa: BLE001 - the user's config, any error
