@@ -1,8 +1,9 @@
 """What a variant needs, measured the way `estimate_max_batch_size` measures.
 
 Each variant (`variant.Variant`) is measured by the capacity package's
-strategies: XLA's plans of the step on JAX (compiled, never run; on a GPU
-without autotuning), and a few real steps for the time; real steps of
+strategies: XLA's plans of the step on JAX (compiled, never run: the
+device batch as `fit` compiles it, half of it as the capacity ladder
+does), and a few real steps for the time; real steps of
 `fit` on PyTorch and TensorFlow (the allocator's peak on a GPU, the
 host's peak resident memory on a CPU). On JAX the plan serves on the
 host too: the host's resident memory keeps what an earlier variant
@@ -29,7 +30,7 @@ from typing import Any, Callable, Optional
 
 from keras_memwatch.capacity.batches import fit_steps
 from keras_memwatch.capacity.device import Device
-from keras_memwatch.capacity.evidence import AIMED, PLAN, Evidence, Observation
+from keras_memwatch.capacity.evidence import PLAN, Evidence, Observation
 from keras_memwatch.capacity.host_memory import host_available_bytes
 from keras_memwatch.capacity.model_state import build_for_training
 from keras_memwatch.capacity.search import Search, host_largest_batch
@@ -130,11 +131,12 @@ def measure(variant: Variant, device: Optional[str], headroom: float,
     backend = keras.backend.backend()
     dev = Device(backend, device)
     planned = backend == "jax"
+    strategy: Any = None
     try:
         if planned:
             from keras_memwatch.capacity.xla import Plans
 
-            strategy: Any = Plans(model, data, dev, progress)
+            strategy = Plans(model, data, dev, progress)
         else:
             from keras_memwatch.capacity.steps import Steps
 
@@ -143,10 +145,13 @@ def measure(variant: Variant, device: Optional[str], headroom: float,
             data.bytes_per_sample, host_available_bytes()[0])
         sizes = sizes_for(variant.batch_size, host_largest)
         if planned:
-            # Plans compiled without autotuning: the plan is made before
-            # code generation, so they stand as plans here.
-            observations = [dataclasses.replace(o, how=PLAN) if o.how == AIMED else o
-                            for o in strategy.ladder(sizes)]
+            # The device batch compiled as `fit` compiles it (the timed steps
+            # find it in JAX's cache), the sizes below it as the ladder does
+            # (on a GPU without autotuning: the memory plan is made before
+            # code generation); all of them stand as plans on the line.
+            made = strategy.ladder(sizes[:-1]) + strategy.check(sizes[-1:])
+            observations = [dataclasses.replace(o, how=PLAN, ladder=True)
+                            for o in made]
             seconds = _timed(model, data, variant.batch_size, observations,
                              strategy.limit, strategy.in_use)
             how = PLANNED
@@ -162,7 +167,7 @@ def measure(variant: Variant, device: Optional[str], headroom: float,
                         strategy.limit, strategy.limit_words, variant.batch_size,
                         seconds, how, dev.on_gpu)
     finally:
-        if "strategy" in locals() and hasattr(strategy, "close"):
+        if hasattr(strategy, "close"):
             strategy.close()
         dev.close()
 
