@@ -190,3 +190,237 @@ def ways_lines(watch: Any) -> str:
             "  keras_memwatch.ways_to_fit(model, x[:n], y[:n], batch_size=B)\n"
             "  python -m keras_memwatch fit-check --model MODULE:FUNCTION --ways "
             "--batch-size B")
+
+
+def _process_of(watch: Any) -> tuple[int, int, str]:
+    """`(process, process_count, hostname)` of the watch's last fit; asked
+    of the framework when the watch never started one."""
+    from keras_memwatch.configure.ranks import hostname, process_index_and_count
+
+    host = getattr(watch, "hostname", "") or ""
+    if host:
+        return (int(getattr(watch, "process", 0)),
+                int(getattr(watch, "process_count", 1)), host)
+    process, count = process_index_and_count()
+    return process, count, hostname()
+
+
+def _report_place(watch: Any, report_dir: Optional[PathLike]) -> tuple[str, str]:
+    """`(folder, stem)` of the report: the log's folder and name (this
+    process's log), else `report_dir` and `memwatch` (`memwatch.rank{N}`
+    with several processes), else a new temporary folder."""
+    from keras_memwatch.record.csvlog import log_path_for
+
+    process, count, _ = _process_of(watch)
+    paths = list(getattr(watch, "log_paths", None) or [])
+    log_path = paths[-1] if paths else getattr(watch, "log_path", None)
+    if not paths and log_path is not None:  # no fit opened it: this process's name
+        log_path = log_path_for(log_path, process, count)
+    if log_path is not None:
+        folder, name = os.path.split(os.fspath(log_path))
+        folder, stem = folder or ".", os.path.splitext(name)[0]
+    else:
+        folder, stem = None, "memwatch" if count == 1 else f"memwatch.rank{process}"
+    if report_dir is not None:
+        folder = os.fspath(report_dir)
+    if folder is None:
+        folder = tempfile.mkdtemp(prefix="keras_memwatch-oom-")
+    return folder, stem
+
+
+def _create_report_files(folder: str, stem: str) -> tuple[str, str, Any, Any]:
+    """Creates `<stem>.oom.txt` and `<stem>.oom.csv` in `folder`, or the
+    first free `<stem>.oom.N.*` pair: each file exclusively, so two
+    processes writing into one folder never share or replace a report."""
+    os.makedirs(folder, exist_ok=True)
+    for n in range(100_000):
+        tag = f"{stem}.oom" if n == 0 else f"{stem}.oom.{n}"
+        txt = os.path.join(folder, f"{tag}.txt")
+        csv = os.path.join(folder, f"{tag}.csv")
+        try:
+            text_file = open(txt, "x", encoding="utf-8")
+        except FileExistsError:
+            continue
+        try:
+            csv_file = open(csv, "x", encoding="utf-8", newline="")
+        except BaseException as e:  # give the pair's first half back
+            text_file.close()
+            os.remove(txt)
+            if isinstance(e, FileExistsError):
+                continue
+            raise
+        return txt, csv, text_file, csv_file
+    raise FileExistsError(f"no free report name for {stem}.oom in {folder}")
+
+
+def write_oom_report(
+    watch: Any,
+    error: BaseException,
+    report_dir: Optional[PathLike] = None,
+    last_n: int = 20,
+    deferred: bool = False,
+) -> tuple[str, str]:
+    """Writes the out-of-memory report (text) and the record (CSV).
+
+    Args:
+        watch: the `MemWatch` that watched the failed `fit`.
+        error: the out-of-memory exception.
+        report_dir: write there (created if needed). Defaults to `None`:
+            next to this process's log, else in a new folder under the
+            system's temporary directory (`tempfile.mkdtemp`).
+        last_n: samples listed before the failure. Defaults to `20`.
+        deferred: the error surfaced after the block (JAX's asynchronous
+            steps); the report says so. Defaults to `False`.
+
+    Returns:
+        The paths written: `(<stem>.oom.txt, <stem>.oom.csv)`, where `<stem>`
+        is this process's log's name without `.csv` (else `memwatch`, or
+        `memwatch.rank{N}` with several processes); an existing report is
+        never overwritten (`<stem>.oom.1.txt`, ...: each file is created
+        exclusively).
+
+    Raises:
+        OSError: when the files cannot be written.
+    """
+    text = oom_report_text(watch, error, last_n, deferred)
+    try:
+        frame = watch.to_dataframe()
+    except Exception:
+        from keras_memwatch.record.recorder import empty_frame
+
+        frame = empty_frame()
+    txt, csv, text_file, csv_file = _create_report_files(
+        *_report_place(watch, report_dir))
+    with text_file:
+        text_file.write(text)
+    with csv_file:
+        frame.to_csv(csv_file, index=False)
+    return txt, csv
+
+
+def _deferred_error(watch: Any) -> Optional[BaseException]:
+    """Waits for the model's variables under JAX; returns what that raises.
+
+    Keras runs JAX steps asynchronously when every callback is async-safe
+    (MemWatch is), so an allocation that fails inside a step may surface
+    only when its results are awaited, after `fit` has returned.
+    """
+    keras = sys.modules.get("keras")
+    jax = sys.modules.get("jax")
+    model = getattr(watch, "model", None)
+    if keras is None or jax is None or model is None:
+        return None
+    try:
+        if keras.backend.backend() != "jax":
+            return None
+        values = [v.value for v in model.trainable_variables]
+    except Exception:
+        return None
+    try:
+        jax.block_until_ready(values)
+    except Exception as e:
+        return e
+    return None
+
+
+class OomGuard(contextlib.ContextDecorator):
+    """Writes an out-of-memory report when the guarded block runs out of memory.
+
+    Use `oom_guard(watch)` (or `MemWatch.guard()`) to make one. The
+    exception is never swallowed, replaced or chained: the guard only looks
+    at it, writes the report and lets it go on. The report's failure (a
+    read-only folder) is logged as a warning, never raised over the
+    out-of-memory error.
+
+    Attributes:
+        watch: the `MemWatch` whose record goes into the report.
+        report_dir: where the report goes (`None`: next to the log, else a
+            new temporary folder).
+        last_n: samples listed in the report.
+        report_paths: `(txt, csv)` written by the last out-of-memory exit,
+            else `()`.
+        error: the out-of-memory exception seen last, else `None`.
+        deferred: whether that error surfaced only when the guard waited for
+            the model's variables at the end of the block (JAX).
+    """
+
+    def __init__(self, watch: Any, report_dir: Optional[PathLike] = None,
+                 last_n: int = 20):
+        self.watch = watch
+        self.report_dir = options.path("report_dir", report_dir, optional=True)
+        self.last_n = options.positive_int("last_n", last_n)
+        self.report_paths: tuple[str, ...] = ()
+        self.error: Optional[BaseException] = None
+        self.deferred = False
+
+    def __enter__(self) -> OomGuard:
+        self.report_paths = ()
+        self.error = None
+        self.deferred = False
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> bool:
+        if exc is None:
+            deferred = _deferred_error(self.watch)
+            if deferred is None or not is_oom_error(deferred):
+                return False
+            self.deferred = True
+            self._report(deferred)
+            raise deferred  # JAX's own exception, raised where it surfaced
+        if is_oom_error(exc):
+            self._report(exc)
+        return False  # the original exception goes on, unchanged
+
+    def _report(self, error: BaseException) -> None:
+        self.error = error
+        try:
+            self.report_paths = write_oom_report(self.watch, error, self.report_dir,
+                                                 self.last_n, deferred=self.deferred)
+        except Exception as e:
+            logger.warning("out of memory, and the report could not be written: %r", e)
+            return
+        process, count, host = _process_of(self.watch)
+        logger.error("%straining ran out of memory (%s); report written to %s and %s",
+                     f"process {process} on {host}: " if count > 1 else "",
+                     type(error).__name__, *self.report_paths)
+        # Keras does not call `on_train_end` when `fit` raises: let the watch
+        # close its probes and its streamed log, where it offers a way.
+        close = getattr(self.watch, "close", None)
+        if callable(close):
+            try:
+                close()
+            except Exception as e:
+                logger.debug("closing the watch failed: %r", e)
+
+
+def oom_guard(watch: Any, report_dir: Optional[PathLike] = None, *,
+              last_n: int = 20) -> OomGuard:
+    """Guards a `fit` call: on out-of-memory, writes a report of what was happening.
+
+    Args:
+        watch: the `MemWatch` passed to `fit`'s callbacks.
+        report_dir: write the report there. Defaults to `None`: next to
+            this process's log (`mem.csv` gives `mem.oom.txt` and
+            `mem.oom.csv`; `mem.rank1.csv`, `mem.rank1.oom.*`), else, for a
+            watch without `log_path`, in a new folder under the system's
+            temporary directory (`keras_memwatch-oom-*/memwatch.oom.*`),
+            never the working directory; the ERROR line it logs says where.
+        last_n: samples listed in the report. Defaults to `20`.
+
+    Returns:
+        An `OomGuard`, a context manager (and decorator).
+
+    Raises:
+        TypeError: for a `report_dir` that is not a path, or a `last_n`
+            that is not an integer.
+        ValueError: for a `last_n` below 1.
+
+    Example:
+
+    ```python
+    watch = MemWatch(log_path="mem.csv")
+    with oom_guard(watch):
+        model.fit(x, y, callbacks=[watch])   # OOM: mem.oom.txt, mem.oom.csv
+    ```
+    """
+    return OomGuard(watch, report_dir, last_n)

@@ -18,7 +18,7 @@ from keras_memwatch.explain.breakdown import variable_bytes
 from keras_memwatch.ways import table as T
 from keras_memwatch.ways.levers import (LEVER_NAMES, REMAT_LAYERS, Lever, Situation,
                                         all_levers, combined)
-from keras_memwatch.ways.measure import MEASURED, Measured, measure
+from keras_memwatch.ways.measure import Measured, measure
 from keras_memwatch.ways.variant import Setting, realized
 
 logger = logging.getLogger("keras_memwatch")
@@ -160,9 +160,10 @@ def _measure_all(model: Any, data: Batches, b: int, headroom: float,
                  names: list[str], device: Optional[str], combinations: bool,
                  say: Callable[[str], None]) -> tuple[list, list, T.Account, Situation]:
     as_is = _measure(model, data, b, Setting(), headroom, device, say)
-    if as_is.how == MEASURED and not as_is.on_gpu:
+    if not as_is.on_gpu:
         # The host's first steps in a process touch memory that later ones
-        # reuse: measured again, the model as it is compares with the levers.
+        # reuse, and run slower: measured again, the model as it is
+        # compares with the levers.
         as_is = _measure(model, data, b, Setting(), headroom, device, say)
     account = T.Account(as_is, headroom)
     on_gpu = as_is.on_gpu
