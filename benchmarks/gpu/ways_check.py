@@ -166,7 +166,10 @@ def main(argv: Any = None) -> int:
     if args.batch is None:
         parser.error("--batch is required")
     record = measure(args)
-    if args.verify:
+    if args.verify and not args.limit_mb:
+        print("--verify needs --limit-mb: without a cap, the largest batch is the "
+              "host's or the whole GPU's")
+    elif args.verify:
         record["jobs"] = verify(record, args)
     if args.json:
         with open(args.json, "w") as f:
