@@ -74,12 +74,12 @@ def test_the_optimizer_levers_save_one_or_two_slots_of_the_weights():
                                    "notes"]
     slot = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
     assert row(table, "as is")["need_bytes"] > 3 * slot  # weights and two slots
-    # A slot of state, and on PyTorch and TensorFlow more: Adam's update
-    # runs op by op there, each op's result a full-size temporary (XLA
-    # fuses them). Adafactor keeps almost no state, but its update needs
-    # full-size temporaries too.
+    # A slot of state, and on PyTorch more: Keras's Adam updates every
+    # weight at once there (`torch._foreach_*`), each op's result a
+    # temporary the size of all weights (XLA fuses them). Adafactor keeps
+    # almost no state, but its update needs full-size temporaries too.
     fused = row(table, "as is")["how"] == "plan"
-    most = 1.5 if fused else 5.0
+    most = 1.5 if fused else 8.0
     least = 0.3 if HOST_BLIND else 0.6  # TensorFlow's steps on the host: blurred
     assert least * slot < row(table, "sgd_momentum")["saved_bytes"] < most * slot
     assert least * slot < row(table, "adafactor")["saved_bytes"] < (most + 1) * slot
