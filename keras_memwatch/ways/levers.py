@@ -124,8 +124,9 @@ class LeanOptimizer(Lever):
 
     def note(self, s: Situation) -> str:
         if self.kind == "adafactor":
-            return ("factored second moments, no first moment; tune its learning "
-                    "rate (relative step sizes by default)")
+            return ("factored second moments and one full-size velocity a weight "
+                    "(Keras's); tune its learning rate (relative step sizes by "
+                    "default)")
         return ("one slot a weight instead of two; needs a tuned learning rate and "
                 "often a schedule; converges slower on transformers")
 

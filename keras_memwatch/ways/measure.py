@@ -24,6 +24,7 @@ from the device, where the original model's state is still held.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import time
 from typing import Any, Callable, Optional
@@ -149,7 +150,10 @@ def measure(variant: Variant, device: Optional[str], headroom: float,
             # find it in JAX's cache), the sizes below it as the ladder does
             # (on a GPU without autotuning: the memory plan is made before
             # code generation); all of them stand as plans on the line.
-            made = strategy.ladder(sizes[:-1]) + strategy.check(sizes[-1:])
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:  # side by side
+                below = pool.submit(strategy.ladder, sizes[:-1])
+                at = pool.submit(strategy.check, sizes[-1:])
+                made = below.result() + at.result()
             observations = [dataclasses.replace(o, how=PLAN, ladder=True)
                             for o in made]
             seconds = _timed(model, data, variant.batch_size, observations,

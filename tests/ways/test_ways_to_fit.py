@@ -74,15 +74,19 @@ def test_the_optimizer_levers_save_one_or_two_slots_of_the_weights():
                                    "notes"]
     slot = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
     assert row(table, "as is")["need_bytes"] > 3 * slot  # weights and two slots
-    # A slot of state, and on PyTorch more: Keras's Adam updates every
-    # weight at once there (`torch._foreach_*`), each op's result a
-    # temporary the size of all weights (XLA fuses them). Adafactor keeps
-    # almost no state, but its update needs full-size temporaries too.
+    # A slot of state (Keras's Adafactor keeps a full-size velocity beside
+    # its factored moments), and on PyTorch more: Keras's Adam updates
+    # every weight at once there (`torch._foreach_*`), each op's result a
+    # temporary the size of all weights (XLA fuses them).
     fused = row(table, "as is")["how"] == "plan"
     most = 1.5 if fused else 8.0
     least = 0.3 if HOST_BLIND else 0.6  # TensorFlow's steps on the host: blurred
     assert least * slot < row(table, "sgd_momentum")["saved_bytes"] < most * slot
-    assert least * slot < row(table, "adafactor")["saved_bytes"] < (most + 1) * slot
+    adafactor = row(table, "adafactor")["saved_bytes"]
+    if fused:
+        assert 0.6 * slot < adafactor < 2.5 * slot
+    else:  # its update runs weight by weight, each op a full-size temporary
+        assert -2.0 * slot < adafactor < (most + 1) * slot
     assert list(table["lever"])[0] == "as is"
     savings = list(table["saved_bytes"][1:])
     assert savings == sorted(savings, reverse=True)
