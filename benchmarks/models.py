@@ -195,6 +195,10 @@ HUB = {"gpt2": dict(vocabulary_size=50257, num_layers=12, num_heads=12,
                     hidden_dim=768, intermediate_dim=3072, max_sequence_length=256),
        "gpt2_tiny": dict(vocabulary_size=500, num_layers=2, num_heads=2,
                          hidden_dim=32, intermediate_dim=64, max_sequence_length=32),
+       # small enough for a CPU, large enough that a step's activations
+       # dwarf the weights (docs/ways-to-fit.md)
+       "gpt2_cpu": dict(vocabulary_size=8000, num_layers=2, num_heads=4,
+                        hidden_dim=128, intermediate_dim=512, max_sequence_length=128),
        "bert": dict(vocabulary_size=30522, num_layers=12, num_heads=12,
                     hidden_dim=768, intermediate_dim=3072, max_sequence_length=256),
        "bert_tiny": dict(vocabulary_size=500, num_layers=2, num_heads=2,

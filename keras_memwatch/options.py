@@ -196,3 +196,21 @@ def cache_directory(name: str, value: Any) -> Any:
     if os.path.exists(full) and not os.path.isdir(full):
         raise expected(name, f"{what} ({full} is a file)", value)
     return full
+
+
+def names_or_all(name: str, value: Any, allowed: tuple) -> list[str]:
+    """`"all"` (every name in `allowed`) or a list of distinct names from
+    `allowed`; returns them in `allowed`'s order."""
+    what = f'"all" or a non-empty list of names from {list(allowed)}'
+    if isinstance(value, str):
+        if value == "all":
+            return list(allowed)
+        if value in allowed:
+            raise expected(name, what + f" (a list: [{value!r}])", value, TypeError)
+        raise expected(name, what, value)
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise expected(name, what, value, TypeError)
+    unknown = [v for v in value if v not in allowed]
+    if unknown or not value or len(set(value)) != len(value):
+        raise expected(name, what, value)
+    return [a for a in allowed if a in value]

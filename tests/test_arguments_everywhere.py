@@ -14,6 +14,7 @@ from conftest import tiny_data, tiny_model
 from keras_memwatch import (MemWatch, SpikeDetector, configure_memory,
                             estimate_max_batch_size, memory_by_layer, oom_guard)
 from keras_memwatch.cli import main
+from keras_memwatch.ways import ways_to_fit
 
 T, V = TypeError, ValueError
 
@@ -35,6 +36,7 @@ ENTRY_POINTS = {
     "estimate_max_batch_size": lambda kw, tmp, model: estimate_max_batch_size(
         *model, **kw),
     "memory_by_layer": lambda kw, tmp, model: memory_by_layer(*model, **kw),
+    "ways_to_fit": lambda kw, tmp, model: ways_to_fit(*model, **kw),
     "MemWatch.by_layer": lambda kw, tmp, model: _watch().by_layer(**kw),
     "oom_guard": lambda kw, tmp, model: oom_guard(_watch(), **kw),
     "MemWatch.guard": lambda kw, tmp, model: _watch().guard(**kw),
@@ -82,27 +84,32 @@ CASES = [
     ("memory_limit_mb", "512", T, MEMORY, None),
     ("devices", [], V, ("configure_memory",), None),
     ("devices", {"GPU:0"}, T, ("configure_memory",), None),
-    ("headroom", 1.0, V, ("estimate_max_batch_size",), "1.0"),
-    ("headroom", "abc", T, ("estimate_max_batch_size",), "abc"),
+    ("headroom", 1.0, V, ("estimate_max_batch_size", "ways_to_fit"), "1.0"),
+    ("headroom", "abc", T, ("estimate_max_batch_size", "ways_to_fit"), "abc"),
     ("trial_sizes", [8], V, ("estimate_max_batch_size",), "8"),
     ("trial_sizes", "a,b", T, ("estimate_max_batch_size",), "a,b"),
     ("method", "fast", V, ("estimate_max_batch_size",), "fast"),
     ("method", 3, T, ("estimate_max_batch_size",), None),
     ("fresh_process", "yes", T, ("estimate_max_batch_size",), None),
-    ("progress", "print", T, ("estimate_max_batch_size",), None),
-    ("device", "TPU:0", V, ("estimate_max_batch_size",), "TPU:0"),
-    ("device", 1.5, T, ("estimate_max_batch_size",), None),
+    ("progress", "print", T, ("estimate_max_batch_size", "ways_to_fit"), None),
+    ("device", "TPU:0", V, ("estimate_max_batch_size", "ways_to_fit"), "TPU:0"),
+    ("device", 1.5, T, ("estimate_max_batch_size", "ways_to_fit"), None),
     ("max_seconds", 0.0, V, ("estimate_max_batch_size",), "0.0"),
     ("max_seconds", "60", T, ("estimate_max_batch_size",), None),
     ("compilation_cache", "", V, ("estimate_max_batch_size",), ""),
     ("compilation_cache", 3, T, ("estimate_max_batch_size",), None),
     ("verbose", 3, V, ("estimate_max_batch_size",), None),
     ("verbose", 1.5, T, ("estimate_max_batch_size",), None),
+    ("levers", "warp", V, ("ways_to_fit",), None),
+    ("levers", 3, T, ("ways_to_fit",), None),
+    ("combinations", "yes", T, ("ways_to_fit",), None),
     ("last_n", 0, V, GUARD, None),
     ("last_n", 2.5, T, GUARD, None),
     ("report_dir", 3, T, GUARD, None),
-    ("batch_size", 0, V, ("MemWatch.summary", "MemWatch.breakdown", *BY_LAYER), None),
-    ("batch_size", "8", T, ("MemWatch.summary", "MemWatch.breakdown", *BY_LAYER), None),
+    ("batch_size", 0, V, ("MemWatch.summary", "MemWatch.breakdown", *BY_LAYER,
+                          "ways_to_fit"), None),
+    ("batch_size", "8", T, ("MemWatch.summary", "MemWatch.breakdown", *BY_LAYER,
+                            "ways_to_fit"), None),
     ("expand_nested", "yes", T, BY_LAYER, None),
     ("expand_blocks", "yes", T, BY_LAYER, None),
     ("path", 3, T, ("MemWatch.plot",), None),  # None: no file
@@ -148,7 +155,7 @@ def test_every_option_of_the_entry_points_is_walked():
 
     walked = {option for option, *_ in CASES}
     for function in (MemWatch, SpikeDetector, configure_memory,
-                     estimate_max_batch_size, memory_by_layer, oom_guard,
+                     estimate_max_batch_size, memory_by_layer, oom_guard, ways_to_fit,
                      MemWatch.guard, MemWatch.summary, MemWatch.breakdown,
                      MemWatch.by_layer, MemWatch.plot, MemWatch.to_csv):
         names = set(inspect.signature(function).parameters)

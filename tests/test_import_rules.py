@@ -18,7 +18,8 @@ FLOORS: tuple[frozenset[str], ...] = tuple(frozenset(f.split()) for f in (
     "judge",        # detector, spikes, drift, XLA plans, derived figures
     "measure",      # a model's steps run apart from fit
     "explain",      # words, pictures, by-layer tables
-    "capacity",     # what fits, and ways to fit
+    "capacity",     # what fits
+    "ways",         # ways to fit: each lever measured as capacity measures
     "session",      # one watched call: what joins record and judge per batch
     "callback cycles",  # the Keras callbacks
     "__init__",     # the package's face: its public names

@@ -80,7 +80,31 @@ def add_fit_check_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
                              "TensorFlow: ignored (default: none)")
     parser.add_argument("--json", action="store_true",
                         help="print the estimate as JSON instead of text")
+    parser.add_argument("--ways", action="store_true",
+                        help="also measure what each change (mixed precision, a "
+                             "leaner optimizer, recomputation, gradient "
+                             "accumulation, a shorter sequence) would save at "
+                             "--batch-size (keras_memwatch.ways_to_fit)")
+    parser.add_argument("--batch-size", type=checked("batch_size", options.positive_int,
+                                                     int),
+                        help="with --ways: the batch you want (default: the "
+                             "samples the function returns)")
+    parser.add_argument("--levers", metavar="L1,L2,...", default="all",
+                        type=checked("levers", _levers, _names),
+                        help="with --ways: the levers to measure (default: all; "
+                             "names as keras_memwatch.ways_to_fit takes them)")
     return parser
+
+
+def _names(text: str) -> Any:
+    """`--levers`: `all` or comma-separated names."""
+    return "all" if text == "all" else [n.strip() for n in text.split(",") if n.strip()]
+
+
+def _levers(name: str, value: Any) -> Any:
+    from keras_memwatch.ways.levers import LEVER_NAMES
+
+    return options.names_or_all(name, value, LEVER_NAMES)
 
 
 def _load_function(spec: str) -> Callable[[], Any]:
@@ -229,7 +253,24 @@ def run_fit_check(args: argparse.Namespace) -> int:
             print("Predicted largest batch: none (see above)")
         else:
             print(f"Predicted largest batch: {estimate.predicted_batch_size}")
+    if args.ways:
+        _print_ways(model, x, y, args)
     return 0 if estimate.predicted_batch_size is not None else 3
+
+
+def _print_ways(model: Any, x: Any, y: Any, args: argparse.Namespace) -> None:
+    """`--ways`: the ways-to-fit table, as text or JSON records."""
+    from keras_memwatch.explain.ways_text import format_ways
+    from keras_memwatch.ways import ways_to_fit
+
+    table = ways_to_fit(model, x, y, batch_size=args.batch_size,
+                        headroom=args.headroom, levers=args.levers,
+                        device=args.device)
+    if args.json:
+        print(table.to_json(orient="records", indent=2))
+    else:
+        print()
+        print(format_ways(table))
 
 
 def _device_problem(args: argparse.Namespace) -> Optional[str]:

@@ -42,7 +42,7 @@ logger = logging.getLogger("keras_memwatch")
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-__all__ = ["OomGuard", "oom_guard", "oom_report_text", "write_oom_report"]
+__all__ = ["OomGuard", "oom_guard", "oom_report_text", "ways_lines", "write_oom_report"]
 
 def _last_samples(frame: Any, last_n: int) -> str:
     """The last `last_n` samples (every device), in MiB."""
@@ -174,7 +174,23 @@ def oom_report_text(watch: Any, error: BaseException, last_n: int = 20,
         lines += ["", watch.summary()]
     except Exception as e:
         lines += ["", f"(summary not available: {e!r})"]
+    hint = ways_lines(watch)
+    if hint:
+        lines += ["", hint]
     return "\n".join(lines) + "\n"
+
+
+def ways_lines(watch: Any) -> str:
+    """The report's ways-to-fit hint: `""` where the watch holds a table
+    (`watch.ways`, from `MemWatch.ways_to_fit`; its summary, above in the
+    report, shows it), else how to measure one."""
+    if getattr(watch, "ways", None) is not None:
+        return ""
+    return ("Ways to fit: not measured in this process. What each change would "
+            "save at your batch, measured on your model:\n"
+            "  keras_memwatch.ways_to_fit(model, x[:n], y[:n], batch_size=B)\n"
+            "  python -m keras_memwatch fit-check --model MODULE:FUNCTION --ways "
+            "--batch-size B")
 
 
 def _process_of(watch: Any) -> tuple[int, int, str]:

@@ -143,6 +143,7 @@ def summarize(
     breakdown: Optional[Mapping[str, Any]] = None,
     rises: Optional[Sequence[tuple]] = None,
     by_layer: Optional[pd.DataFrame] = None,
+    ways: Optional[pd.DataFrame] = None,
 ) -> str:
     """Renders a short report of a record: one fit, and the `evaluate` and
     `predict` calls recorded with it.
@@ -174,6 +175,8 @@ def summarize(
         by_layer: the by-layer table (`MemWatch.by_layer()`), shown as
             "Where a step's working memory goes". Defaults to `None`: not
             shown.
+        ways: the ways-to-fit table (`keras_memwatch.ways_to_fit`), shown
+            after where the memory went. Defaults to `None`: not shown.
 
     Returns:
         Lines of text for a person.
@@ -194,6 +197,10 @@ def summarize(
         from keras_memwatch.explain.layers import format_by_layer
 
         lines += ["", format_by_layer(by_layer)]
+    if ways is not None:
+        from keras_memwatch.explain.ways_text import format_ways
+
+        lines += ["", format_ways(ways)]
     devices = breakdown.get("devices") or device_memory(frame)
     trained = {d: info for d, info in devices.items() if info.get("steps", 1)}
     if trained:

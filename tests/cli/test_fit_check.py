@@ -73,3 +73,23 @@ def test_fit_check_subcommand_of_the_package(tmp_path):
                    "--trial-sizes", "8,16,32", module="-m keras_memwatch")
     assert done.returncode in (0, 3), done.stderr
     assert "Predicted largest batch:" in done.stdout
+
+
+def test_fit_check_ways_prints_what_each_lever_saves(tmp_path):
+    done = run_cli(tmp_path, "--model", "tiny_model_mod:build", "--trial-sizes",
+                   "8,16", "--ways", "--batch-size", "16", "--levers",
+                   "sgd_momentum,shorter_sequence")
+    assert done.returncode in (0, 3), done.stderr
+    out = done.stdout.split("Ways to fit a batch of 16 (under 10% headroom):")[1]
+    lines = out.strip().splitlines()
+    assert lines[1].split()[:2] == ["as", "is"]
+    assert lines[2].split()[0] == "sgd_momentum" and "iB" in lines[2]
+    assert "not applied: the inputs hold no token ids" in lines[3]
+    assert "  sgd_momentum: model.compile(optimizer=keras.optimizers.SGD(" in out
+
+
+def test_fit_check_refuses_an_unknown_lever(tmp_path):
+    done = run_cli(tmp_path, "--model", "tiny_model_mod:build", "--ways",
+                   "--levers", "warp_drive")
+    assert done.returncode == 2
+    assert "argument --levers: Expected `levers` to be" in done.stderr

@@ -1,0 +1,181 @@
+"""`ways_to_fit` on a GPU under a cap: the table, then each row's largest
+batch against jobs that really train, in fresh processes.
+
+One model a run (the cap is per process, set before the model is built):
+
+    KERAS_BACKEND=jax python3 -m benchmarks.gpu.ways_check gpt2 --limit-mb 8192 \\
+        --batch 32 --verify
+    KERAS_BACKEND=torch python3 -m benchmarks.gpu.ways_check resconv \\
+        --limit-mb 6144 --batch 512 --verify
+
+The table is measured with `--headroom` (default 0: the largest batch
+under the whole cap, what a job can reach). `--verify` then trains, for
+every measured row, its `largest_batch` and 3% above it as jobs in new
+processes side by side (`trial`: the model built afresh, the row's
+setting made with `keras_memwatch.ways.variant.realized`, `--steps` steps
+of `fit`), and prints whether each ran and its time a sample: an answer
+is right when its size runs and the size 3% above does not. On a CPU, a
+tiny model without a cap (`conv_tiny`, `gpt2_tiny`) is a smoke test.
+Models: `benchmarks.models`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Optional
+
+ABOVE = 0.03
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """The table, printed; returns it as records with the settings."""
+    if args.limit_mb:
+        from keras_memwatch import configure_memory
+
+        configure_memory(memory_limit_mb=args.limit_mb)
+    import keras
+    import pandas as pd
+
+    from benchmarks.models import build, data
+    from keras_memwatch.explain.ways_text import format_ways
+    from keras_memwatch.ways import ways_to_fit
+
+    model = build(args.model)
+    x, y = data(args.model, args.samples)
+    began = time.perf_counter()
+    levers = "all" if args.levers == "all" else args.levers.split(",")
+    table = ways_to_fit(model, x, y, batch_size=args.batch, levers=levers,
+                        headroom=args.headroom,
+                        combinations=not args.no_combinations,
+                        progress=lambda line: print("  " + line, flush=True))
+    seconds = time.perf_counter() - began
+    print(f"\n{args.model} on {keras.backend.backend()}, cap "
+          f"{args.limit_mb or 'none'} MiB, {seconds:.1f} s\n")
+    print(format_ways(table), flush=True)
+    with pd.option_context("display.width", 200, "display.max_columns", 10):
+        print(table.drop(columns=["change", "notes"]).to_string(index=False))
+    return {"model": args.model, "backend": keras.backend.backend(),
+            "limit_mb": args.limit_mb, "batch": args.batch, "seconds": seconds,
+            "settings": table.attrs["settings"],
+            "table": json.loads(table.to_json(orient="records"))}
+
+
+def trial(model_name: str, setting: dict[str, Any], size: int,
+          limit_mb: Optional[float], steps: int) -> dict[str, Any]:
+    """A job of `size` (the effective batch) with `setting`, in this new
+    process: whether it ran, and its time a sample."""
+    if limit_mb:
+        from keras_memwatch import configure_memory
+
+        configure_memory(memory_limit_mb=limit_mb)
+    from benchmarks.models import build, data
+    from keras_memwatch.measure.batches import Batches, fit_steps
+    from keras_memwatch.oom_errors import is_oom_error
+    from keras_memwatch.ways.variant import Setting, realized
+
+    model = build(model_name)
+    x, y = data(model_name, min(size, 64))
+    try:
+        with realized(model, Batches(x, y), size, Setting.from_dict(setting)) as v:
+            batch = v.data.take(v.batch_size)
+            fit_steps(v.model, batch, 1)
+            began = time.perf_counter()
+            fit_steps(v.model, batch, steps)
+            per_sample = (time.perf_counter() - began) / (steps * v.batch_size)
+    except Exception as e:  # noqa: BLE001
+        if not is_oom_error(e):
+            raise
+        return {"ran": False}
+    return {"ran": True, "seconds_per_sample": per_sample}
+
+
+def _child(args: list[str]) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu.ways_check", *args],
+                          capture_output=True, text=True, timeout=900)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        return {"ran": None, "error": f"exit {done.returncode}: {done.stderr[-400:]}"}
+    return json.loads(lines[-1])
+
+
+def verify(record: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Each measured row's largest batch and 3% above it, as jobs."""
+    jobs = []
+    for row in record["table"]:
+        setting = record["settings"].get(row["lever"])
+        largest = row["largest_batch"]
+        if setting is None or largest is None:
+            continue
+        for size in (int(largest), int(largest * (1 + ABOVE)) + 1):
+            jobs.append((row["lever"], size, ["trial", args.model, "--size", str(size),
+                                               "--setting", json.dumps(setting),
+                                               "--steps", str(args.steps)]
+                         + (["--limit-mb", str(args.limit_mb)] if args.limit_mb else [])))
+    with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
+        done = list(pool.map(lambda job: _child(job[2]), jobs))
+    results = [{"lever": lever, "size": size, **result}
+               for (lever, size, _), result in zip(jobs, done)]
+    print(f"\nJobs in fresh processes ({args.steps} steps each):")
+    by_lever: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        by_lever.setdefault(r["lever"], []).append(r)
+    for lever, (at, above) in by_lever.items():
+        verdict = ("right" if at["ran"] and above["ran"] is False else
+                   "ABOVE the limit" if at["ran"] is False else
+                   "more than 3% low" if above["ran"] else "no result")
+        time_text = (f", {at['seconds_per_sample'] * 1e3:.3f} ms a sample"
+                     if at.get("seconds_per_sample") else "")
+        print(f"  {lever}: batch {at['size']} ran={at['ran']}, batch {above['size']} "
+              f"ran={above['ran']}: {verdict}{time_text}"
+              + (f" ({at.get('error') or above.get('error')})"
+                 if at.get("error") or above.get("error") else ""))
+    return results
+
+
+def main(argv: Any = None) -> int:
+    parser = argparse.ArgumentParser(prog="ways_check")
+    parser.add_argument("command", nargs="?", default="measure",
+                        choices=("measure", "trial"))
+    parser.add_argument("model", help="a name from benchmarks.models (gpt2, resconv, ...)")
+    parser.add_argument("--limit-mb", type=float, default=None,
+                        help="cap the allocator at this many MiB (configure_memory)")
+    parser.add_argument("--batch", type=int, default=None, help="the wanted batch")
+    parser.add_argument("--samples", type=int, default=8,
+                        help="samples in the sample batch (default: 8)")
+    parser.add_argument("--headroom", type=float, default=0.0)
+    parser.add_argument("--levers", default="all",
+                        help="comma-separated lever names (default: all)")
+    parser.add_argument("--no-combinations", action="store_true")
+    parser.add_argument("--verify", action="store_true")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--parallel", type=int, default=4)
+    parser.add_argument("--size", type=int, default=None, help="trial: the batch")
+    parser.add_argument("--setting", default="{}", help="trial: the row's setting")
+    parser.add_argument("--json", default=None, help="write the results here as JSON")
+    args = parser.parse_args(argv)
+    if args.command == "trial":
+        print(json.dumps(trial(args.model, json.loads(args.setting), args.size,
+                               args.limit_mb, args.steps)))
+        return 0
+    if args.batch is None:
+        parser.error("--batch is required")
+    record = measure(args)
+    if args.verify and not args.limit_mb:
+        print("--verify needs --limit-mb: without a cap, the largest batch is the "
+              "host's or the whole GPU's")
+    elif args.verify:
+        record["jobs"] = verify(record, args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=2, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""The levers: each change a user can make to fit a batch, as a small
+object that knows whether it applies to a model, the `Setting` it makes
+(`variant.Setting`), the code to write, and its caveats in one line."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from keras_memwatch.measure.batches import Batches
+from keras_memwatch.ways.variant import Setting, rebuild_problem, token_length
+
+#: Optimizers whose state the optimizer levers shrink (two slots a weight).
+ADAM_LIKE = ("Adam", "AdamW", "Adamax", "Nadam", "Lamb", "Lion", "Ftrl")
+#: The most layers the by-layer recomputation names.
+REMAT_LAYERS = 3
+
+
+@dataclasses.dataclass
+class Situation:
+    """What the levers need to know about the model and the wanted batch.
+
+    Attributes:
+        model: the user's compiled, built model.
+        data: its sample batch.
+        batch_size: the wanted batch.
+        on_gpu: whether the device measured is a GPU.
+        bf16_slow: the device lacks fast bfloat16 (a GPU before Ampere).
+        heavy_layers: the layers that hold the most activations (names
+            as `keras.RematScope` matches them), or why none are known.
+        accumulation: the gradient accumulation steps to measure.
+        settings: each measured row's setting, by its lever.
+    """
+
+    model: Any
+    data: Batches
+    batch_size: int
+    on_gpu: bool = False
+    bf16_slow: bool = False
+    heavy_layers: Any = ()
+    accumulation: int = 2
+    settings: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def optimizer_name(self) -> str:
+        optimizer = self.model.optimizer
+        return type(getattr(optimizer, "inner_optimizer", optimizer)).__name__
+
+
+class Lever:
+    """One change. Subclasses set `name` and `notes` and define the rest."""
+
+    name = ""
+    notes = ""
+
+    def why_not(self, s: Situation) -> str:
+        """Why the lever cannot apply to this model, and what to do; `""`
+        where it applies."""
+        return ""
+
+    def setting(self, s: Situation) -> Setting:
+        raise NotImplementedError
+
+    def change(self, s: Situation) -> str:
+        raise NotImplementedError
+
+    def note(self, s: Situation) -> str:
+        return self.notes
+
+
+class MixedPrecision(Lever):
+    name = "mixed_precision"
+
+    def policy(self, s: Situation) -> str:
+        return "mixed_float16" if s.bf16_slow else "mixed_bfloat16"
+
+    def why_not(self, s: Situation) -> str:
+        current = s.model.dtype_policy.name
+        if current != "float32":
+            return (f"the model already computes in {current}; nothing to change "
+                    "here")
+        problem = rebuild_problem(s.model)
+        if problem:
+            return (f"{problem}. Call `keras.mixed_precision.set_dtype_policy("
+                    f"{self.policy(s)!r})` before building it, and measure that model")
+        return ""
+
+    def setting(self, s: Situation) -> Setting:
+        return Setting(policy=self.policy(s))
+
+    def change(self, s: Situation) -> str:
+        return (f'keras.mixed_precision.set_dtype_policy("{self.policy(s)}")  '
+                "# before building the model")
+
+    def note(self, s: Situation) -> str:
+        if s.bf16_slow:
+            return ("weights stay float32; float16 needs loss scaling, Keras does it "
+                    "(LossScaleOptimizer); this GPU has no fast bfloat16")
+        return ("weights stay float32, layers compute in bfloat16 (float32's range, "
+                "fewer mantissa bits); slow on CPUs and GPUs before Ampere")
+
+
+class LeanOptimizer(Lever):
+    """An optimizer with less state than Adam's two slots a weight."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.name = kind if kind == "adafactor" else "sgd_momentum"
+
+    def why_not(self, s: Situation) -> str:
+        name = s.optimizer_name
+        if name not in ADAM_LIKE:
+            return (f"the model trains with {name}, not an Adam-like optimizer with "
+                    "two slots a weight; nothing to gain here")
+        return ""
+
+    def setting(self, s: Situation) -> Setting:
+        return Setting(optimizer=self.kind)
+
+    def change(self, s: Situation) -> str:
+        made = ("keras.optimizers.Adafactor()" if self.kind == "adafactor"
+                else "keras.optimizers.SGD(momentum=0.9)")
+        return f"model.compile(optimizer={made}, ...)  # was {s.optimizer_name}"
+
+    def note(self, s: Situation) -> str:
+        if self.kind == "adafactor":
+            return ("factored second moments and one full-size velocity a weight "
+                    "(Keras's); tune its learning rate (relative step sizes by "
+                    "default)")
+        return ("one slot a weight instead of two; needs a tuned learning rate and "
+                "often a schedule; converges slower on transformers")
+
+
+class Remat(Lever):
+    """Activation recomputation (`keras.RematScope`): the whole model, or
+    the layers that hold the most."""
+
+    def __init__(self, layers: bool):
+        self.layers = layers
+        self.name = "remat_layers" if layers else "remat"
+
+    def _names(self, s: Situation) -> list[str]:
+        return list(s.heavy_layers) if not isinstance(s.heavy_layers, str) else []
+
+    def why_not(self, s: Situation) -> str:
+        if self.layers and not self._names(s):
+            why = s.heavy_layers if isinstance(s.heavy_layers, str) and \
+                s.heavy_layers else "the by-layer table named no layer"
+            return (f"{why}. Name layers yourself with `keras.RematScope(mode="
+                    "\"list_of_layers\", layer_names=[...])`, or recompute the whole "
+                    "model (`remat`)")
+        return ""
+
+    def arguments(self, s: Situation) -> tuple[tuple[str, Any], ...]:
+        if self.layers:
+            return (("mode", "list_of_layers"), ("layer_names", tuple(self._names(s))))
+        return (("mode", "full"),)
+
+    def setting(self, s: Situation) -> Setting:
+        return Setting(remat=self.arguments(s))
+
+    def change(self, s: Situation) -> str:
+        if self.layers:
+            scope = (f'keras.RematScope(mode="list_of_layers", '
+                     f"layer_names={self._names(s)!r})")
+        else:
+            scope = 'keras.RematScope(mode="full")'
+        return f"with {scope}: model = build_model()"
+
+    def note(self, s: Situation) -> str:
+        return ("recomputes those layers' forward pass in the backward pass (more "
+                "compute, same results)" if self.layers else
+                "recomputes the forward pass in the backward pass (about a third "
+                "more compute, same results)")
+
+
+class GradientAccumulation(Lever):
+    name = "gradient_accumulation"
+
+    def why_not(self, s: Situation) -> str:
+        if s.batch_size < 2:
+            return "the wanted batch is 1: there is nothing to split"
+        return ""
+
+    def setting(self, s: Situation) -> Setting:
+        return Setting(accumulation=s.accumulation)
+
+    def change(self, s: Situation) -> str:
+        k = s.accumulation
+        return (f"{s.optimizer_name}(..., gradient_accumulation_steps={k}); "
+                f"model.fit(..., batch_size={max(1, s.batch_size // k)})")
+
+    def note(self, s: Situation) -> str:
+        k = s.accumulation
+        return (f"the same update over {s.batch_size} samples, from {k} steps of "
+                f"{max(1, s.batch_size // k)}; batch statistics (BatchNormalization) "
+                f"see {max(1, s.batch_size // k)}; largest_batch counts all {k}")
+
+
+class ShorterSequence(Lever):
+    name = "shorter_sequence"
+
+    def why_not(self, s: Situation) -> str:
+        length = token_length(s.data)
+        if length is None:
+            return ("the inputs hold no token ids (one integer array of shape "
+                    "(batch, length) or a dict of them)")
+        if length < 2:
+            return f"the sequence is {length} token long"
+        return ""
+
+    def length(self, s: Situation) -> int:
+        return max(1, (token_length(s.data) or 2) // 2)
+
+    def setting(self, s: Situation) -> Setting:
+        return Setting(sequence=self.length(s))
+
+    def change(self, s: Situation) -> str:
+        return (f"cut or pack the token inputs to {self.length(s)} tokens "
+                f"(a preprocessor's `sequence_length={self.length(s)}`)")
+
+    def note(self, s: Situation) -> str:
+        return (f"the model sees {self.length(s)} tokens of context instead of "
+                f"{token_length(s.data)}; a step trains on half the tokens")
+
+
+def all_levers() -> list[Lever]:
+    """Every lever, in the order the table lists levers that save alike."""
+    return [MixedPrecision(), LeanOptimizer("adafactor"), LeanOptimizer("sgd"),
+            Remat(layers=False), Remat(layers=True), GradientAccumulation(),
+            ShorterSequence()]
+
+
+#: Every lever's name, as `levers=` takes them.
+LEVER_NAMES = tuple(lever.name for lever in all_levers())
+
+
+def compatible(levers: list[Lever]) -> bool:
+    """Whether the levers can be pulled together (one optimizer, one remat)."""
+    kinds = [("optimizer" if isinstance(lever, LeanOptimizer) else
+              "remat" if isinstance(lever, Remat) else lever.name) for lever in levers]
+    return len(kinds) == len(set(kinds))
+
+
+def combined(levers: list[Lever], s: Situation) -> Optional[Setting]:
+    """The setting of the levers together, or `None` where they clash."""
+    if not compatible(levers):
+        return None
+    setting = Setting()
+    for lever in levers:
+        setting = setting.merged(lever.setting(s))
+    return setting

@@ -1,0 +1,293 @@
+"""`ways_to_fit`: the arguments, the model as it is, each lever, the best
+combinations, the table."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import re
+import time
+from typing import Any, Callable, Optional
+
+from keras_memwatch import options
+from keras_memwatch.measure.batches import Batches
+from keras_memwatch.measure.model_state import ModelState, build_for_training
+from keras_memwatch.configure.devices import device_label
+from keras_memwatch.variables import variable_bytes
+from keras_memwatch.ways import table as T
+from keras_memwatch.ways.levers import (LEVER_NAMES, REMAT_LAYERS, Lever, Situation,
+                                        all_levers, combined)
+from keras_memwatch.ways.measure import Measured, measure
+from keras_memwatch.ways.variant import Setting, realized
+
+logger = logging.getLogger("keras_memwatch")
+
+__all__ = ["LEVER_NAMES", "ways_to_fit"]
+
+
+def ways_to_fit(
+    model: Any,
+    x: Any,
+    y: Any = None,
+    batch_size: Optional[int] = None,
+    *,
+    headroom: float = 0.1,
+    levers: Any = "all",
+    device: Optional[str] = None,
+    combinations: bool = True,
+    progress: Optional[Callable[[str], None]] = None,
+) -> Any:
+    """Measures what each change to a model would save at the batch you want.
+
+    For the model as it is, then for each lever, measures the memory a
+    training step needs at the wanted batch the way
+    `estimate_max_batch_size` measures it (XLA's plan on JAX with a GPU,
+    real steps of `fit` elsewhere: the allocator's peak on a GPU, the
+    host's resident memory on a CPU), and reads the largest batch under the
+    headroom from that record by the estimate's rule. The levers:
+
+    - `mixed_precision`: the model rebuilt from its config with the
+      `mixed_bfloat16` policy (`mixed_float16` on a GPU without fast
+      bfloat16);
+    - `adafactor`, `sgd_momentum`: an optimizer with less state than
+      Adam's two slots a weight;
+    - `remat`: `keras.RematScope(mode="full")`; `remat_layers`: the layers
+      that keep the most activations (`memory_by_layer`), by name;
+    - `gradient_accumulation`: `gradient_accumulation_steps=k` on the
+      optimizer, the wanted batch trained as `k` steps of `batch / k`;
+    - `shorter_sequence`: token inputs cut to half their length.
+
+    A lever that cannot apply to the model gets a row saying why and what to
+    do. Then the two and three levers whose savings add up to the most are
+    measured together. Every variable of the model, its optimizer and its
+    metrics, its compiled train function and the global dtype policy are as
+    they were afterwards.
+
+    Args:
+        model: a compiled Keras model.
+        x: a sample batch of inputs (arrays, or lists/dicts of arrays),
+            repeated along its first axis to make larger batches.
+        y: the matching targets. Defaults to `None`.
+        batch_size: the batch you want to train. Defaults to `None`: the
+            number of samples in `x`.
+        headroom: fraction of the limit to keep free. Defaults to `0.1`.
+        levers: `"all"` or a list of lever names (`LEVER_NAMES`). Defaults
+            to `"all"`.
+        device: `"GPU:0"`, ... or `"host"`. Defaults to `None`: the first
+            GPU the backend computes on, else the host.
+        combinations: measure the best two- and three-lever combinations.
+            Defaults to `True`.
+        progress: receives a line per size measured. Defaults to `None`:
+            the `keras_memwatch` logger at DEBUG.
+
+    Returns:
+        A `pandas.DataFrame`, one row per lever: `lever`, `change` (the code
+        to write), `need_bytes` (the training state plus a step's working
+        memory at the wanted batch), `saved_bytes` (against the model as it
+        is), `largest_batch` (under the headroom), `step_time_ratio` (time a
+        sample against the model as it is), `fits` (the wanted batch, under
+        the headroom), `how` (measured, plan, or why not) and `notes`. The
+        first row is the model as it is (`lever="as is"`), then the levers,
+        the most saved first, then the combinations. `attrs` holds
+        `batch_size`, `headroom`, `device`, `limit_bytes`, `base_bytes`
+        (in use apart from the model's state), `settings` (each measured
+        row's `variant.Setting` as a dict, to rebuild it elsewhere) and
+        `seconds`.
+
+    Raises:
+        ValueError: for a model that is not compiled, or a bad
+            `batch_size`, `headroom`, `levers` or `device`.
+        TypeError: for arguments of the wrong type, or `x`/`y` that are not
+            arrays.
+
+    Example:
+
+    ```python
+    table = keras_memwatch.ways_to_fit(model, x[:16], y[:16], batch_size=64)
+    print(table[["lever", "saved_bytes", "largest_batch", "fits"]])
+    ```
+    """
+    began = time.perf_counter()
+    if batch_size is not None:
+        batch_size = options.positive_int("batch_size", batch_size)
+    headroom = options.fraction("headroom", headroom)
+    names = options.names_or_all("levers", levers, LEVER_NAMES)
+    if device is not None:
+        device = device_label(device, "device")
+    options.boolean("combinations", combinations)
+    say = options.optional_callable("progress", progress) or _log
+    if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", True):
+        raise ValueError(
+            "Expected a compiled model (call `model.compile(optimizer=..., loss=...)` "
+            f"first). Received: {type(model).__name__} without an optimizer")
+    import keras
+
+    data = Batches(x, y)
+    b = batch_size or data.n
+    build_for_training(model, data.take(1))
+    state = ModelState(model)
+    policy = keras.config.dtype_policy()
+    try:
+        rows, combos, account, situation = _measure_all(
+            model, data, b, headroom, names, device, combinations, say)
+    finally:
+        state.restore()
+        keras.config.set_dtype_policy(policy)
+        gc.collect()
+    as_is = account.as_is
+    first = T.measured_row(T.AS_IS, "", "the model as compiled", as_is, account)
+    return T.frame(first, rows, combos, {
+        "batch_size": b, "headroom": headroom, "backend": keras.backend.backend(),
+        "device": "GPU" if situation.on_gpu else "host",
+        "limit_bytes": account.limit, "base_bytes": account.base,
+        "settings": {lever: dataclasses.asdict(setting)
+                     for lever, setting in situation.settings.items()},
+        "seconds": round(time.perf_counter() - began, 2)})
+
+
+def _log(message: str) -> None:
+    logger.debug("%s", message)
+
+
+def _measure(model: Any, data: Batches, b: int, setting: Setting, headroom: float,
+             device: Optional[str], say: Callable[[str], None]) -> Measured:
+    with realized(model, data, b, setting) as variant:
+        return measure(variant, device, headroom, say)
+
+
+def _measure_all(model: Any, data: Batches, b: int, headroom: float,
+                 names: list[str], device: Optional[str], combinations: bool,
+                 say: Callable[[str], None]) -> tuple[list, list, T.Account, Situation]:
+    as_is = _measure(model, data, b, Setting(), headroom, device, say)
+    if not as_is.on_gpu:
+        # The host's first steps in a process touch memory that later ones
+        # reuse, and run slower: measured again, the model as it is
+        # compares with the levers.
+        as_is = _measure(model, data, b, Setting(), headroom, device, say)
+    account = T.Account(as_is, headroom)
+    on_gpu = as_is.on_gpu
+    levers = [lever for lever in all_levers() if lever.name in names]
+    situation = Situation(model, data, b, on_gpu=on_gpu,
+                          bf16_slow=on_gpu and _bf16_slow(device),
+                          accumulation=_accumulation(model, b, as_is, account))
+    if "remat_layers" in names:
+        situation.heavy_layers = _heavy_layers(model, data, b)
+    rows, saved = [], []
+    situation.settings = {T.AS_IS: Setting()}
+    for lever in levers:
+        row, m = _lever_row(lever, situation, model, data, b, headroom, device,
+                            account, say)
+        rows.append(row)
+        if m is not None:
+            saved.append((lever, row["saved_bytes"]))
+    combos = []
+    if combinations:
+        for group in T.best_combinations(saved):
+            combos.append(_group_row(group, situation, model, data, b, headroom,
+                                     device, account, say))
+    return rows, combos, account, situation
+
+
+def _lever_row(lever: Lever, s: Situation, model: Any, data: Batches, b: int,
+               headroom: float, device: Optional[str], account: T.Account,
+               say: Callable[[str], None]) -> tuple[dict, Optional[Measured]]:
+    why = lever.why_not(s)
+    if why:
+        return T.unmeasured_row(lever.name, "", "not applied: " + why, lever.note(s)
+                                if lever.name != "shorter_sequence" else ""), None
+    setting = lever.setting(s)
+    s.settings[lever.name] = setting
+    try:
+        m = _measure(model, data, b, setting, headroom, device, say)
+    except Exception as e:  # noqa: BLE001 - the lever's failure is its row
+        logger.info("ways_to_fit: %s could not be measured: %r", lever.name, e)
+        return T.unmeasured_row(lever.name, lever.change(s), _failed(e),
+                                lever.note(s)), None
+    return T.measured_row(lever.name, lever.change(s), lever.note(s), m, account,
+                          setting.accumulation), m
+
+
+def _group_row(group: list[Lever], s: Situation, model: Any, data: Batches, b: int,
+               headroom: float, device: Optional[str], account: T.Account,
+               say: Callable[[str], None]) -> dict:
+    name = " + ".join(lever.name for lever in group)
+    change = "; ".join(lever.change(s) for lever in group)
+    notes = "; ".join(lever.note(s) for lever in group)
+    setting = combined(group, s)
+    s.settings[name] = setting
+    try:
+        m = _measure(model, data, b, setting, headroom, device, say)
+    except Exception as e:  # noqa: BLE001
+        return T.unmeasured_row(name, change, _failed(e), notes)
+    return T.measured_row(name, change, notes, m, account, setting.accumulation)
+
+
+def _failed(error: BaseException) -> str:
+    """A row's `how` where measuring raised: the error's first line."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))  # Keras's bold
+    words = " ".join(line.strip() for line in text.splitlines() if line.strip())
+    return f"not measured: {type(error).__name__}: {words}"[:240]
+
+
+def _accumulation(model: Any, b: int, as_is: Measured, account: T.Account) -> int:
+    """The fewest accumulation steps (a power of two) whose device batch the
+    model as it is fits, with one more slot a weight for the sums; 2 where
+    the wanted batch fits already, the most where none fits."""
+    if b < 2:
+        return 1
+    slot = variable_bytes(model.trainable_variables)
+    evidence = as_is.evidence(account.base + slot, account.limit)
+    largest = evidence.batch_size_for(account.headroom) if account.limit else None
+    k = 2
+    while largest is not None and k * 2 <= b and b // k > largest:
+        k *= 2
+    return k
+
+
+def _heavy_layers(model: Any, data: Batches, b: int) -> Any:
+    """The layers that keep the most activations (`memory_by_layer` at a
+    small batch), to half of all or `REMAT_LAYERS`, or why none are known."""
+    from keras_memwatch.explain.layers import REST, memory_by_layer
+
+    try:
+        x, y = data.take(max(1, min(b, data.n) // 2))
+        layers = memory_by_layer(model, x, y, expand_nested=True)
+    except Exception as e:  # noqa: BLE001
+        return f"the by-layer table could not be made ({type(e).__name__}: {e})"
+    rows = layers[layers["layer"] != REST].dropna(subset=["activation_bytes"])
+    rows = rows[rows["activation_bytes"] > 0].sort_values("activation_bytes",
+                                                          ascending=False)
+    total = float(rows["activation_bytes"].sum())
+    names: list[str] = []
+    held = 0.0
+    for layer, held_bytes in zip(rows["layer"], rows["activation_bytes"]):
+        names.append(str(layer).split("/")[-1])
+        held += float(held_bytes)
+        if held >= total / 2 or len(names) >= REMAT_LAYERS:
+            break
+    return names or "the by-layer table shows no layer keeping activations"
+
+
+def _bf16_slow(device: Optional[str]) -> bool:
+    """Whether the GPU computes bfloat16 slowly (compute capability below 8)."""
+    import keras
+
+    index = int(device.split(":")[1]) if device and ":" in device else 0
+    backend = keras.backend.backend()
+    try:
+        if backend == "torch":
+            import torch
+
+            return torch.cuda.get_device_capability(index)[0] < 8
+        if backend == "jax":
+            import jax
+
+            return float(jax.devices("gpu")[index].compute_capability) < 8
+        import tensorflow as tf
+
+        details = tf.config.experimental.get_device_details(
+            tf.config.list_physical_devices("GPU")[index])
+        return details.get("compute_capability", (8, 0))[0] < 8
+    except Exception:  # noqa: BLE001 - unknown: bfloat16, the default
+        return False
