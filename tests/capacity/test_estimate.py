@@ -243,7 +243,7 @@ def test_max_seconds_is_honoured_and_the_answer_says_what_is_left_open(monkeypat
     assert "out of time (max_seconds)" in estimate.explanation
     assert set(estimate.left_open) == {0.1, 0.0}
     assert "out of time" in estimate.left_open[0.1]
-    assert f"of max_seconds=2." in estimate.explanation
+    assert "of max_seconds=2." in estimate.explanation
     assert estimate.to_dict()["left_open"] == estimate.left_open
 
 
