@@ -297,7 +297,7 @@ class Search:
                 # the quick plans aimed low before: where nothing failed
                 # above the ceiling, the spare sizes look further up
                 asks += [int(top * f) for f in FAN]
-            asks = list(dict.fromkeys(asks))[:width]
+            asks = [b for b in dict.fromkeys(asks) if b not in exact][:width]
             rounds += 1
             if not asks:
                 return [h for h in targets if not bracketed(real, h)]
