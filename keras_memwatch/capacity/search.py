@@ -45,23 +45,18 @@ round of GPT-2-base's step takes as long as one compilation.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Callable, Optional, Protocol
 
 from keras_memwatch.capacity.brackets import RESOLUTION, bracketed, left_open, room_gap
 from keras_memwatch.capacity.calibration import calibrated
-from keras_memwatch.capacity.deadline import Deadline
+from keras_memwatch.capacity.deadline import Deadline, expected_seconds
 from keras_memwatch.capacity.evidence import AIMED, PLAN, Evidence, Observation
+from keras_memwatch.capacity.ladder import (  # noqa: F401 (the ladder's, read here)
+    HOST_BATCH, MAX_LADDER, SAFE, SLOW_S, START, TARGET, host_largest_batch, next_sizes)
 from keras_memwatch.capacity.progress import Progress
 
-START = 1
-TARGET = 0.25  # the ladder's largest need, of the whole room
-SAFE = 0.5  # never try a size expected to need more, of the room
-HOST_BATCH = 0.05  # a trial batch's arrays, of the host's available memory
-SLOW_S = 2.0  # on the host, the ladder stops after a size this slow
-MAX_LADDER = 12
 MAX_CHECKS = 12
 MAX_AIMED = 16  # quick, aimed plans (JAX on a GPU): two rounds of eight
 #: Where quick plans have not yet failed above an answer, they also ask
@@ -181,21 +176,8 @@ class Search:
         return not self.out_of_time
 
     def _expected(self, kind: str, sizes: Sequence[int]) -> float:
-        """Seconds a round of `sizes` is expected to take, from the wall
-        time of the rounds before it (setting up included): compilations
-        side by side take as long as the slowest round of their kind (a
-        first check as `fit` compiles it, twice the slowest before it);
-        steps, one size after another, in proportion to the batch."""
-        pool = [r for r in self.rounds if r[0] == kind]
-        scale = (2.0 if not pool and kind == "check" and self.strategy.how == PLAN
-                 else 1.0)
-        pool = pool or self.rounds
-        if not pool:
-            return 0.0
-        if self.strategy.how == PLAN:
-            return scale * max(seconds for _, _, seconds in pool)
-        return scale * sum(max(seconds / len(asked) * max(b / max(asked), 1.0)
-                               for _, asked, seconds in pool) for b in sizes)
+        return expected_seconds(self.rounds, kind, sizes,
+                                side_by_side=self.strategy.how == PLAN)
 
     # -- the ladder ----------------------------------------------------------
 
@@ -239,40 +221,13 @@ class Search:
                 self.stopped = (f"batch {max(queue)} took "
                                 f"{max(o.seconds for o in made):.1f} s")
                 break
-            queue = self._next(room)
+            queue, self.stopped = next_sizes(self.observations, room,
+                                             self.strategy.above_limit,
+                                             self.host_largest)
         self._fill_in()
 
     def _ladder_sizes(self) -> list[int]:
         return sorted({o.batch_size for o in self.observations if o.ladder})
-
-    def _next(self, room: Optional[float]) -> list[int]:
-        """The next size up, or none where the ladder is done."""
-        points = sorted((o.batch_size, o.need_bytes) for o in self.observations
-                        if o.ladder and o.need_bytes is not None)
-        if not points:
-            self.stopped = "no peak could be read"
-            return []
-        top, need = points[-1]
-        per_sample = max(need / top, _slope(points), 1.0)
-        if room is None:
-            return [top * 2] if len(points) < 4 else []
-        if need >= TARGET * room and len(points) >= 2:
-            self.stopped = ""
-            return []
-        aim = int(TARGET * room / per_sample)
-        size = min(max(aim, top * 2), top * 8)
-        while size > top * 2 and need + per_sample * (size - top) > SAFE * room:
-            size //= 2
-        if need + per_sample * (size - top) > SAFE * room and \
-                not self.strategy.above_limit:
-            self.stopped = (f"batch {size} would need more than {SAFE:.0%} of the "
-                            "room")
-            return []
-        if self.host_largest is not None and size > self.host_largest:
-            self.stopped = (f"batch {size} would take more than {HOST_BATCH:.0%} of "
-                            "the host's available memory for its arrays")
-            return []
-        return [size]
 
     def _fill_in(self) -> None:
         """Sizes in between where the ladder measured only two."""
@@ -342,7 +297,7 @@ class Search:
                 # the quick plans aimed low before: where nothing failed
                 # above the ceiling, the spare sizes look further up
                 asks += [int(top * f) for f in FAN]
-            asks = list(dict.fromkeys(asks))[:width]
+            asks = [b for b in dict.fromkeys(asks) if b not in exact][:width]
             rounds += 1
             if not asks:
                 return [h for h in targets if not bracketed(real, h)]
@@ -446,20 +401,3 @@ def _between(low: int, high: int, parts: int) -> list[int]:
     """Up to `parts` sizes that cut `low`..`high` into equal parts."""
     return sorted({low + (high - low) * i // (parts + 1)
                    for i in range(1, parts + 1)} - {low, high})
-
-
-def _slope(points: Sequence[tuple[int, float]]) -> float:
-    """The slope between the two largest points, or 0."""
-    if len(points) < 2:
-        return 0.0
-    (b1, n1), (b2, n2) = points[-2], points[-1]
-    return max((n2 - n1) / (b2 - b1), 0.0)
-
-
-def host_largest_batch(bytes_per_sample: int, available: Optional[int]) -> Optional[int]:
-    """The largest trial batch whose own arrays fit `HOST_BATCH` of the
-    host's available memory, or `None`."""
-    if available is None or bytes_per_sample <= 0:
-        return None
-    return max(int(HOST_BATCH * available // bytes_per_sample), 2 * START)
-

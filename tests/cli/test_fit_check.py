@@ -93,3 +93,24 @@ def test_fit_check_refuses_an_unknown_lever(tmp_path):
                    "--levers", "warp_drive")
     assert done.returncode == 2
     assert "argument --levers: Expected `levers` to be" in done.stderr
+
+
+def test_fit_check_takes_a_time_budget_and_a_compilation_cache(tmp_path):
+    done = run_cli(tmp_path, "--model", "tiny_model_mod:build", "--json",
+                   "--max-seconds", "0.001", "--compilation-cache", "jax_cache")
+    assert done.returncode in (0, 3), done.stderr
+    result = json.loads(done.stdout)  # no progress lines mixed in
+    assert result["max_seconds"] == 0.001
+    assert len(result["observations"]) == 2  # out of time after two sizes
+    assert (tmp_path / "jax_cache").is_dir() == (BACKEND == "jax")
+
+
+def test_compilation_cache_alone_means_the_default_directory():
+    import argparse
+
+    from keras_memwatch.cli.fit_check import add_fit_check_arguments
+
+    parser = add_fit_check_arguments(argparse.ArgumentParser())
+    args = parser.parse_args(["--model", "m:f", "--compilation-cache"])
+    assert args.compilation_cache is True
+    assert parser.parse_args(["--model", "m:f"]).compilation_cache is None

@@ -1,0 +1,75 @@
+"""XLA's plans as a strategy (JAX): both kinds of compilation in one round,
+and a deadline that abandons what is still compiling. On the CPU the quick
+plans are emulated with empty options (the same compilation)."""
+
+from __future__ import annotations
+
+import time
+
+import keras
+import numpy as np
+import pytest
+
+from capacity_helpers import BACKEND
+from keras_memwatch.capacity.batches import Batches
+from keras_memwatch.capacity.device import Device
+from keras_memwatch.capacity.evidence import AIMED, PLAN
+
+pytestmark = pytest.mark.skipif(BACKEND != "jax", reason="XLA's plans: JAX")
+
+
+@pytest.fixture
+def plans():
+    from keras_memwatch.capacity.xla import Plans
+
+    from keras_memwatch.capacity.model_state import build_for_training
+
+    model = keras.Sequential([keras.Input((32,)),
+                              keras.layers.Dense(64, activation="relu"),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    data = Batches(np.zeros((8, 32), "float32"), np.zeros((8, 1), "float32"))
+    build_for_training(model, data.take(1))  # as the estimate does
+    device = Device("jax", "host")
+    lines = []
+    strategy = Plans(model, data, device, lines.append)
+    strategy.aim_options = {}  # quick plans, as on a GPU (here: no options)
+    strategy.lines = lines
+    yield strategy
+    device.close()
+
+
+def test_a_round_holds_quick_plans_and_one_as_fit_compiles_it(plans):
+    made = plans.measure([1, 2, 4, 8], [8], ladder=True)
+    assert [(o.batch_size, o.how, o.ladder) for o in made] == [
+        (1, AIMED, True), (2, AIMED, True), (4, AIMED, True), (8, AIMED, True),
+        (8, PLAN, False)]
+    # the same compilation on the CPU: the calibration ratio is 1
+    assert made[3].need_bytes == made[4].need_bytes
+    assert len(plans.lines) == 5
+
+
+def test_compilations_not_done_by_the_deadline_are_abandoned(plans):
+    plans.deadline = time.perf_counter()  # passed already
+    began = time.perf_counter()
+    assert plans.check([16, 32]) == []
+    assert time.perf_counter() - began < 1.0
+    assert "out of time" in plans.lines[-1]
+
+
+def test_the_search_on_plans_brackets_both_answers_as_on_a_gpu(plans):
+    from keras_memwatch.capacity.brackets import bracketed
+    from keras_memwatch.capacity.search import Search
+
+    # a small device, whatever this process holds: 64 MiB of room
+    plans.in_use, plans.limit = 64 * 2**20, 128 * 2**20
+    plans.ladder_width = 4  # as on a GPU machine's cores
+    search = Search(plans, on_gpu=True, host_largest=None)
+    ev = search.run(0.1, None)
+    assert bracketed(ev, 0.1) and bracketed(ev, 0.0), search.open
+    kinds = [o.how for o in ev.observations]
+    assert kinds[:5] == [AIMED] * 4 + [PLAN]  # the ladder, calibrated at 8
+    # the answers rest on plans as `fit` compiles them
+    for h in (0.1, 0.0):
+        b = ev.batch_size_for(h)
+        assert any(o.how == PLAN and o.batch_size == b for o in ev.observations)
