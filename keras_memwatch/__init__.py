@@ -32,6 +32,7 @@ _PUBLIC = {
     "memory_by_layer": "keras_memwatch.explain.layers",
     "oom_guard": "keras_memwatch.explain.guard",
     "plot_by_layer": "keras_memwatch.explain.plot",
+    "ways_to_fit": "keras_memwatch.ways",
     "Probe": "keras_memwatch.record.probes.base",
     "ProbeUnavailable": "keras_memwatch.record.probes.base",
 }
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from keras_memwatch.configure import configure_memory
     from keras_memwatch.record.log_reader import load_log
     from keras_memwatch.record.probes.base import Probe, ProbeUnavailable
+    from keras_memwatch.ways import ways_to_fit
     from keras_memwatch.judge.detector import SpikeDetector
     from keras_memwatch.judge.events import SpikeEvent
 

@@ -13,6 +13,7 @@ import keras
 import pandas as pd
 
 from keras_memwatch import options
+from keras_memwatch.configure.compilation_cache import use_compilation_cache
 from keras_memwatch.files import refuse_existing
 from keras_memwatch.judge.events import SpikeEvent
 from keras_memwatch.explain.report import summarize
@@ -99,6 +100,13 @@ class MemWatch(keras.callbacks.Callback):
             `keras_memwatch.configure_memory` first). Defaults to `None`
             (leave as is).
         memory_limit_mb: likewise. Defaults to `None` (leave as is).
+        compilation_cache: JAX: a directory for JAX's persistent compilation
+            cache, or `True` for `~/.cache/keras_memwatch/jax`, so that a
+            later process (an estimate, a `fit`) finds this one's
+            compilations on disk. A cache the user set
+            (`jax_compilation_cache_dir`, `JAX_COMPILATION_CACHE_DIR`)
+            always wins. PyTorch, TensorFlow: accepted, does nothing.
+            Defaults to `None` (none set).
         probes: `"auto"` (the backend's allocator, NVML and the host), a
             probe name, or a list of names and `keras_memwatch.Probe`
             instances. Defaults to `"auto"`.
@@ -115,6 +123,9 @@ class MemWatch(keras.callbacks.Callback):
         log_paths: the files this watch streamed to, one per call.
         memory_config: what `allow_growth` / `memory_limit_mb` applied, or
             `None`.
+        compilation_cache: the directory of JAX's persistent compilation
+            cache that `compilation_cache` set, or `None`.
+        ways: the table of the last `ways_to_fit()`, or `None`.
         process, process_count, hostname: which process of how many wrote
             the record, and where.
 
@@ -149,6 +160,7 @@ class MemWatch(keras.callbacks.Callback):
         add_to_logs: bool = True,
         allow_growth: Optional[bool] = None,
         memory_limit_mb: Optional[float] = None,
+        compilation_cache: Any = None,
         probes: Any = "auto",
         verbose: int = 1,
         max_rows: Optional[int] = None,
@@ -158,6 +170,8 @@ class MemWatch(keras.callbacks.Callback):
         self.settings = WatchSettings.checked(
             every_n_batches, window, threshold, min_delta_mb, warmup, log_path,
             on_spike, add_to_logs, verbose, max_rows)
+        compilation_cache = options.cache_directory("compilation_cache",
+                                                    compilation_cache)
         self._probes_option = probes
         self._sampler = Sampler(resolve_probes(probes, keras.backend.backend()))
         self.memory_config = None
@@ -166,6 +180,7 @@ class MemWatch(keras.callbacks.Callback):
 
             self.memory_config = configure_memory(
                 allow_growth=allow_growth, memory_limit_mb=memory_limit_mb)
+        self.compilation_cache = use_compilation_cache(compilation_cache)
         self.log_paths: list[str] = []
         self.process, self.process_count, self.hostname = 0, 1, ""
         self._record = WatchRecord()  # the last fit and the calls since
@@ -173,6 +188,7 @@ class MemWatch(keras.callbacks.Callback):
         self._faults = Faults()
         self._shapes = BatchShapes()  # the input shapes a fit called the model with
         self._by_layer: Optional[pd.DataFrame] = None  # the last `by_layer()`
+        self.ways: Optional[pd.DataFrame] = None  # the last `ways_to_fit()`
 
     every_n_batches = _option("every_n_batches")
     window = _option("window")
@@ -200,7 +216,8 @@ class MemWatch(keras.callbacks.Callback):
         if not isinstance(probes, str):
             probes = [p if isinstance(p, str) else copy.deepcopy(p, memo)
                       for p in probes]
-        twin = _rebuilt(type(self), self.settings, probes, self.memory_config)
+        twin = _rebuilt(type(self), self.settings, probes, self.memory_config,
+                        self.compilation_cache)
         memo[id(self)] = twin
         return twin
 
@@ -216,7 +233,7 @@ class MemWatch(keras.callbacks.Callback):
                 "the record, and copy.deepcopy(watch) or a new MemWatch(...) to "
                 "watch in another process.")
         return (_rebuilt, (type(self), self.settings, self._probes_option,
-                           self.memory_config))
+                           self.memory_config, self.compilation_cache))
 
     # -- Keras hooks -------------------------------------------------------
 
@@ -397,6 +414,25 @@ class MemWatch(keras.callbacks.Callback):
             batch_size, expand_nested, expand_blocks)
         return self._by_layer
 
+    def ways_to_fit(self, x: Any, y: Any = None, batch_size: Optional[int] = None,
+                    **kwargs: Any) -> pd.DataFrame:
+        """`keras_memwatch.ways_to_fit` of the model this watch trained: what
+        each change would save at `batch_size`, measured. The table is kept
+        in `ways`; `summary()`, `report_html()` and an out-of-memory report
+        show it.
+
+        Raises:
+            ValueError: before a fit, or for a bad argument.
+        """
+        from keras_memwatch.ways import ways_to_fit
+
+        if self.model is None:
+            raise ValueError("Expected a watch that has been used in `fit` (its "
+                             "model is measured). Received: a watch without a "
+                             "model; call keras_memwatch.ways_to_fit(model, ...)")
+        self.ways = ways_to_fit(self.model, x, y, batch_size, **kwargs)
+        return self.ways
+
     def plot(self, path: Optional[PathLike] = None, ax: Any = None,
              overwrite: bool = False) -> Any:
         """Draws memory over steps per device (needs matplotlib); returns the
@@ -431,7 +467,7 @@ class MemWatch(keras.callbacks.Callback):
         drift, rises = self._record.drift()
         return summarize(self.to_dataframe(), self.spikes, drift, self.sources,
                          breakdown=self.breakdown(batch_size), rises=rises,
-                         by_layer=self._by_layer)
+                         by_layer=self._by_layer, ways=self.ways)
 
     def report_html(self, path: PathLike, overwrite: bool = False, *,
                     capacity: Any = None, ways: Optional[pd.DataFrame] = None) -> str:
@@ -446,7 +482,8 @@ class MemWatch(keras.callbacks.Callback):
             overwrite: replace an existing file. Defaults to `False`.
             capacity: a `CapacityEstimate` of the model, shown with its
                 evidence. Defaults to `None`.
-            ways: a `ways_to_fit(...)` table of the model. Defaults to `None`.
+            ways: a `ways_to_fit(...)` table of the model. Defaults to `None`:
+                the watch's own, where `ways_to_fit()` ran.
 
         Returns:
             `path`, as a string.
@@ -460,7 +497,9 @@ class MemWatch(keras.callbacks.Callback):
         from keras_memwatch.explain.html import write_watch_report
 
         return write_watch_report(self, path, by_layer=self._by_layer,
-                                  capacity=capacity, ways=ways, overwrite=overwrite)
+                                  capacity=capacity,
+                                  ways=self.ways if ways is None else ways,
+                                  overwrite=overwrite)
 
     def guard(self, report_dir: Optional[PathLike] = None, last_n: int = 20) -> Any:
         """Guards a `fit` call (`with watch.guard(): model.fit(...)`): on an
@@ -516,10 +555,11 @@ def _asynchronous_steps() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def _rebuilt(cls: type, settings: WatchSettings, probes: Any,
-             memory_config: Any) -> MemWatch:
+def _rebuilt(cls: type, settings: WatchSettings, probes: Any, memory_config: Any,
+             compilation_cache: Optional[str] = None) -> MemWatch:
     """A watch copied or unpickled: its options, nothing recorded. Its
     `log_path` is not refused for existing: the log it wrote is one."""
-    watch = cls(**dict(settings.as_options(), log_path=None), probes=probes)
+    watch = cls(**dict(settings.as_options(), log_path=None), probes=probes,
+                compilation_cache=compilation_cache)
     watch.settings, watch.memory_config = settings, memory_config
     return watch

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
-import os
 import subprocess
 import sys
 import time

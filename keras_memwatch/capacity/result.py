@@ -237,7 +237,7 @@ class CapacityEstimate:
 
     def __str__(self) -> str:
         ev = self.evidence
-        lines = [f"Largest batch that fits: "
+        lines = ["Largest batch that fits: "
                  + ("none" if self.predicted_batch_size is None
                     else str(self.predicted_batch_size))
                  + f" under {self.headroom:.0%} headroom ({self.device}, "
