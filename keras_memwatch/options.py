@@ -214,3 +214,13 @@ def names_or_all(name: str, value: Any, allowed: tuple) -> list[str]:
     if unknown or not value or len(set(value)) != len(value):
         raise expected(name, what, value)
     return [a for a in allowed if a in value]
+
+
+def compiled_model(name: str, model: Any) -> Any:
+    """A Keras model compiled with an optimizer (what a training step needs)."""
+    if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", True):
+        raise ValueError(
+            f"Expected `{name}` to be a compiled model (call `{name}.compile("
+            "optimizer=..., loss=...)` first). Received: "
+            f"{type(model).__name__} without an optimizer")
+    return model

@@ -10,7 +10,7 @@ import keras
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CHECKED = ["keras_memwatch/record", "keras_memwatch/session"]
+CHECKED = ["keras_memwatch/record", "keras_memwatch/session", "keras_memwatch/capacity"]
 
 
 @pytest.mark.skipif(keras.backend.backend() != "jax",

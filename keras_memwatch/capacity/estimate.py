@@ -133,10 +133,7 @@ def estimate_max_batch_size(
     max_seconds = options.optional_seconds("max_seconds", max_seconds)
     cache = options.cache_directory("compilation_cache", compilation_cache)
     verbose = options.verbosity("verbose", verbose)
-    if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", True):
-        raise ValueError(
-            "Expected a compiled model (call `model.compile(optimizer=..., loss=...)` "
-            f"first). Received: {type(model).__name__} without an optimizer")
+    options.compiled_model("model", model)
     import keras
 
     backend = keras.backend.backend()

@@ -195,14 +195,13 @@ def train_fresh(directory: str, size: int, limit_bytes: int,
         importlib.import_module(model_module)  # registers its classes
     model = keras.saving.load_model(os.path.join(directory, "model.keras"))
     x, y = load_batch(directory)
-    torch = None
+    cuda: Any = None  # torch.cuda, where PyTorch trains on a GPU
     if keras.backend.backend() == "torch":
         import torch
 
         if torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
-        else:
-            torch = None
+            cuda = torch.cuda
+            cuda.reset_peak_memory_stats()
     try:
         keras.Model.fit(model, repeated(*Batches(x, y).take(size), JOB_STEPS),
                         epochs=JOB_EPOCHS, verbose=0)
@@ -210,10 +209,10 @@ def train_fresh(directory: str, size: int, limit_bytes: int,
         if not is_oom_error(e):
             raise
         return EXIT_OOM, {"error": type(e).__name__}
-    if torch is None:
+    if cuda is None:
         return 0, {}
-    torch.cuda.synchronize()
-    return 0, {"allocated": int(torch.cuda.max_memory_allocated())}
+    cuda.synchronize()
+    return 0, {"allocated": int(cuda.max_memory_allocated())}
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -371,6 +371,7 @@ class Search:
                 and high - low > max(1, int(RESOLUTION * low)) \
                 and (high_ran or self.strategy.above_limit):
             return _between(low, high, width), []
+        above: list[int]
         if not self.strategy.above_limit:
             above = []
         elif any(b < o.batch_size <= b + step for o in checked):

@@ -117,10 +117,7 @@ def ways_to_fit(
         device = device_label(device, "device")
     options.boolean("combinations", combinations)
     say = options.optional_callable("progress", progress) or _log
-    if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", True):
-        raise ValueError(
-            "Expected a compiled model (call `model.compile(optimizer=..., loss=...)` "
-            f"first). Received: {type(model).__name__} without an optimizer")
+    options.compiled_model("model", model)
     import keras
 
     data = Batches(x, y)

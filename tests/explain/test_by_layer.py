@@ -313,7 +313,7 @@ def test_the_model_state_is_put_back_bit_for_bit():
 
 def test_a_model_that_is_not_compiled_is_refused():
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
-    with pytest.raises(ValueError, match="Expected a compiled model"):
+    with pytest.raises(ValueError, match="Expected `model` to be a compiled model"):
         memory_by_layer(model, np.ones((2, 8), "float32"))
 
 

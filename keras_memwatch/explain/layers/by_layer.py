@@ -36,15 +36,6 @@ from keras_memwatch.explain.layers.table import by_layer_table
 __all__ = ["memory_by_layer", "memory_by_layer_of_fit"]
 
 
-def _compiled(model: Any) -> None:
-    if (getattr(model, "optimizer", None) is None
-            or not getattr(model, "compiled", True)):
-        raise ValueError(
-            "Expected a compiled model (call `model.compile(optimizer=..., "
-            f"loss=...)` first). Received: {type(model).__name__} without an "
-            "optimizer")
-
-
 def memory_by_layer(
     model: Any,
     x: Any,
@@ -140,7 +131,7 @@ def memory_by_layer(
         batch_size = options.positive_int("batch_size", batch_size)
     options.boolean("expand_nested", expand_nested)
     options.boolean("expand_blocks", expand_blocks)
-    _compiled(model)
+    options.compiled_model("model", model)
     import keras
 
     from keras_memwatch.measure.batches import Batches
