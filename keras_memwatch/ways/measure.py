@@ -101,10 +101,14 @@ def state_bytes(model: Any) -> int:
                           + list(model.metrics_variables))
 
 
-def sizes_for(batch: int, host_largest: Optional[int]) -> list[int]:
+def sizes_for(batch: int, host_largest: Optional[int], spare: bool = False
+              ) -> list[int]:
     """The sizes asked about: half and all of `batch` (at least two sizes),
-    none above `host_largest`."""
-    sizes = sorted({max(1, batch // 2), batch})
+    none above `host_largest`; with `spare`, a quarter of it too, so that
+    two sizes stand on the line where real steps near a limit run out of
+    memory at the wanted batch."""
+    sizes = sorted({max(1, batch // 4), max(1, batch // 2), batch} if spare
+                   else {max(1, batch // 2), batch})
     if len(sizes) < 2:
         sizes = [1, 2]
     if host_largest is not None:
@@ -144,7 +148,8 @@ def measure(variant: Variant, device: Optional[str], headroom: float,
             strategy = Steps(model, data, dev, progress)
         host_largest = None if dev.on_gpu else host_largest_batch(
             data.bytes_per_sample, host_available_bytes()[0])
-        sizes = sizes_for(variant.batch_size, host_largest)
+        sizes = sizes_for(variant.batch_size, host_largest,
+                          spare=dev.on_gpu and not planned)
         if planned:
             # The device batch compiled as `fit` compiles it (the timed steps
             # find it in JAX's cache), the sizes below it as the ladder does

@@ -221,3 +221,12 @@ def test_an_uncompiled_model_is_refused():
 def test_every_lever_has_a_name_the_argument_takes():
     assert LEVER_NAMES == ("mixed_precision", "adafactor", "sgd_momentum", "remat",
                            "remat_layers", "gradient_accumulation", "shorter_sequence")
+
+
+def test_real_steps_near_a_limit_ask_a_spare_size_below_the_wanted_batch():
+    from keras_memwatch.ways.measure import sizes_for
+
+    assert sizes_for(16, None) == [8, 16]
+    assert sizes_for(16, None, spare=True) == [4, 8, 16]  # 16 may run out
+    assert sizes_for(2, None, spare=True) == [1, 2]
+    assert sizes_for(16, 10, spare=True) == [4, 8]
