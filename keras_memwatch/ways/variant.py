@@ -21,7 +21,7 @@ would build with it:
 
 The model's compiled train function is set aside and put back, so that
 nothing the user compiled is traced again. Weights and optimizer state
-are put back by the caller (`capacity.model_state.ModelState`).
+are put back by the caller (`measure.model_state.ModelState`).
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from capacity_helpers import BACKEND
-from keras_memwatch.capacity.batches import Batches
-from keras_memwatch.capacity.device import Device
+from keras_memwatch.measure.batches import Batches
+from keras_memwatch.measure.device import Device
 from keras_memwatch.capacity.evidence import AIMED, PLAN
 
 pytestmark = pytest.mark.skipif(BACKEND != "jax", reason="XLA's plans: JAX")
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(BACKEND != "jax", reason="XLA's plans: JAX")
 def plans():
     from keras_memwatch.capacity.xla import Plans
 
-    from keras_memwatch.capacity.model_state import build_for_training
+    from keras_memwatch.measure.model_state import build_for_training
 
     model = keras.Sequential([keras.Input((32,)),
                               keras.layers.Dense(64, activation="relu"),
