@@ -1,6 +1,11 @@
 """MemWatch: the Keras callback. It only conducts: each call of `fit`,
 `evaluate` or `predict` is a `CallSession` (probes, pipeline, judge, log,
-hooks); the results are read from the calls' records."""
+hooks); the results are read from the watch's record (`WatchRecord`).
+
+Longer than a room should be: each public method keeps its documentation
+here, where users read it (and the API reference is built from it); every
+method's work is one call into `session/`, `explain/` or `ways/`.
+"""
 
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 
 import inspect
 import logging
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -379,3 +380,57 @@ def test_a_steady_slope_is_drift_reported_once(memwatch_logs):
     watch = MemWatch(probes=[FakeProbe([(500 * MIB, 500 * MIB)] + slope)])
     fit(watch, epochs=1, n=64 * 16)
     assert memwatch_logs.text.count("memory drift on GPU:0 in epoch 0") == 1
+
+
+# -- one time axis ----------------------------------------------------------
+
+
+def test_timestamps_are_unix_seconds_monotone_across_fit_evaluate_and_predict(tmp_path):
+    import time
+
+    watch = MemWatch(probes="host", verbose=0, log_path=tmp_path / "mem.csv")
+    model, (x, y) = tiny_model(), tiny_data(64)
+    began = time.time()
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[watch])
+    model.evaluate(x, y, batch_size=16, verbose=0, callbacks=[watch])
+    model.predict(x, batch_size=16, verbose=0, callbacks=[watch])
+    ended = time.time()
+    frame = watch.to_dataframe()
+    stamps = frame["timestamp"].to_numpy()
+    assert frame["call"].tolist() == sorted(frame["call"])  # fit, evaluate, predict
+    assert (np.diff(stamps) >= 0).all() and began <= stamps[0] and stamps[-1] <= ended
+    # time_s counts from each call's start; the timestamp does not restart
+    first_of_each = frame.groupby("call")["time_s"].first()
+    assert (first_of_each < 0.5).all()
+    logged = load_log(watch.log_paths)  # the streamed logs, one per call
+    assert np.allclose(logged["timestamp"], stamps, atol=1e-5)
+
+
+def test_two_processes_writing_one_log_path_line_up_on_the_timestamp(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    script = (
+        "import sys; sys.path.insert(0, 'tests')\n"
+        "from conftest import tiny_data, tiny_model\n"
+        "from keras_memwatch import MemWatch\n"
+        "x, y = tiny_data(64)\n"
+        f"watch = MemWatch(probes='host', verbose=0, log_path={str(tmp_path / 'mem.csv')!r})\n"
+        "tiny_model().fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[watch])\n")
+    root = Path(__file__).resolve().parents[1]
+    began = time.time()
+    runs = [subprocess.Popen([sys.executable, "-c", script], cwd=root, text=True,
+                             stderr=subprocess.PIPE,
+                             env=dict(os.environ, RANK=str(rank), WORLD_SIZE="2"))
+            for rank in (0, 1)]  # two ranks of one job, at once
+    for run in runs:
+        assert run.wait(timeout=300) == 0, run.stderr.read()[-2000:]
+    ended = time.time()
+    both = load_log(tmp_path / "mem.rank*.csv")
+    assert sorted(both["process"].unique()) == [0, 1]
+    for _, rows in both.groupby("process"):
+        stamps = rows["timestamp"].to_numpy()
+        assert (np.diff(stamps) >= 0).all()
+        assert began <= stamps[0] and stamps[-1] <= ended
