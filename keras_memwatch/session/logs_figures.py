@@ -20,7 +20,7 @@ latest batch whose read is known under `mem_peak_mib_prior_batch` and
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from typing import Any, NamedTuple, Optional
+from typing import Any, Optional
 
 from keras_memwatch.judge.derived import SettledInUse
 from keras_memwatch.judge.step_plan import StepPlanner
@@ -39,11 +39,9 @@ Figures = tuple[Optional[int], Optional[int]]  # (peak, current) in bytes
 _TRAIN = PHASE_CODES["train"]
 
 
-class ReadFigures(NamedTuple):
-    """The figures of one read, and its place among the call's reads."""
-
-    place: int
-    figures: Figures
+#: The place of a read among the call's reads, and its figures (a plain
+#: tuple: it is made on the hot path, once a batch).
+ReadFigures = tuple[int, Figures]
 
 
 class LogsFigures:
@@ -125,7 +123,7 @@ class LogsFigures:
         self._reads = index + 1
         figures = self._figures[index] = self._figures_of(
             self._keys.pop(index, key), raw)
-        return ReadFigures(index, figures)
+        return index, figures
 
     def fill_batch(self, key: Hashable, read: ReadFigures, logs: dict) -> None:
         """Puts the batch's figures into its logs, or, where its read is not
