@@ -15,7 +15,8 @@ __all__ = ["watch_options", "write_watch_report"]
 
 #: The options of a watch the page lists (its public attributes).
 OPTIONS = ("every_n_batches", "window", "threshold", "min_delta_mb", "warmup",
-           "log_path", "add_to_logs", "verbose", "max_rows", "memory_config")
+           "log_path", "add_to_logs", "verbose", "max_rows", "memory_config",
+           "compilation_cache")
 
 
 def watch_options(watch: Any) -> dict[str, Any]:
