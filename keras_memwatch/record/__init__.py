@@ -1,7 +1,9 @@
 """Record: read every memory source at a batch's end and keep the rows.
 
 `probes` read one source each; the `sampler` turns a read into a row per
-device; `batch_hooks` take reads on Keras's hot path; the `pipeline` puts
-them in batch order (`sequencer`), has them judged, and hands the rows to
-the `recorder` (in memory, as `block`s) and the streamed `csvlog`.
+device; the `pipeline` puts the reads in batch order (`sequencer`), makes
+`block`s of them and hands each to the consumers it is given: the
+`recorder` (in memory), the `log_stream` (the `csvlog` on disk), and, wired
+by the session above, the judge. `log_reader` reads logs back; `exports`
+writes a record as CSV or Parquet.
 """
