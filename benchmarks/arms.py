@@ -257,6 +257,18 @@ ABLATIONS = {
 }
 
 
+def _with_patches(patches: Sequence, call: Callable, *args: Any) -> None:
+    """Calls `call(*args)` with each of `patches` in place, then takes them
+    off (the call's session is built with what they replace)."""
+    for p in patches:
+        p.start()
+    try:
+        call(*args)
+    finally:
+        for p in patches:
+            p.stop()
+
+
 def ablated_memwatch_class():
     """`MemWatch(verbose=0)` without one of the parts in `ABLATIONS`
     (diagnostic arms: their records are incomplete by design). Each part is
@@ -290,13 +302,7 @@ def ablated_memwatch_class():
                 "memwatch_noproc": [mock.patch(
                     "keras_memwatch.session.call.Pipeline", Unprocessed)],
             }.get(self.ablation, [])
-            for p in patches:
-                p.start()
-            try:
-                super().on_train_begin(logs)
-            finally:
-                for p in patches:
-                    p.stop()
+            _with_patches(patches, super().on_train_begin, logs)
 
     return AblatedMemWatch
 
@@ -388,13 +394,7 @@ def timed_memwatch_class():
                                         (LogsFigures, "fill_batch", "logs_add")):
                     patches.append(mock.patch.object(cls, name, _timed_method(
                         getattr(cls, name), self.part_ns[part])))
-            for p in patches:
-                p.start()
-            try:
-                super().on_train_begin(logs)
-            finally:
-                for p in patches:
-                    p.stop()
+            _with_patches(patches, super().on_train_begin, logs)
             hooks = vars(self)
             for name, times in (("on_train_batch_begin", self.begin_ns),
                                 ("on_train_batch_end", self.end_ns)):
