@@ -42,3 +42,15 @@ def open_new(path: PathLike, overwrite: bool, binary: bool = False) -> IO[Any]:
     except FileExistsError:
         refuse_existing(path, overwrite)
         raise
+
+
+def folder_problem(argument: str, path: str) -> Optional[str]:
+    """What is wrong with the folder of a file to write, in words that name
+    `argument`, or `None` where it exists and can be written in."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return (f"{argument} {path}: the folder {os.path.dirname(path) or folder} "
+                "does not exist: create it first, or choose another path")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"{argument} {path}: cannot write in {folder}: choose another folder"
+    return None

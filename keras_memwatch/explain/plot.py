@@ -27,7 +27,7 @@ import pandas as pd
 
 from keras_memwatch import columns as C
 from keras_memwatch import options
-from keras_memwatch.files import open_new, refuse_existing
+from keras_memwatch.files import folder_problem, open_new, refuse_existing
 from keras_memwatch.judge.derived import (in_use_before, limit_of, main_device, peaks_from_plan,
                                     spikes_from_frame)
 from keras_memwatch.units import MIB, format_bytes
@@ -369,13 +369,9 @@ def plot_path_problem(path: PathLike, overwrite: bool = False,
         return (f"{argument} {path}: matplotlib cannot write .{ext} files; use "
                 f"{listed} or another of {', '.join(sorted(formats))}, e.g. "
                 f"{argument} {stem}.png")
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        return (f"{argument} {path}: the folder {os.path.dirname(path) or folder} "
-                "does not exist: create it first, or choose another path")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return (f"{argument} {path}: cannot write in {folder}: choose another "
-                "folder")
+    problem = folder_problem(argument, path)
+    if problem is not None:
+        return problem
     if os.path.lexists(path) and not overwrite:
         return (f"{argument} {path} exists: pass --force to replace it, or "
                 "choose another path")

@@ -13,7 +13,7 @@ import pandas as pd
 from keras_memwatch import options
 from keras_memwatch.explain.html.identity import run_identity
 from keras_memwatch.explain.html.library import plotly_objects
-from keras_memwatch.files import open_new, refuse_existing
+from keras_memwatch.files import folder_problem, open_new, refuse_existing
 from keras_memwatch.judge.derived import SPIKE_COLUMNS
 
 __all__ = ["html_path_problem", "write_html_report"]
@@ -55,12 +55,9 @@ def html_path_problem(path: PathLike, overwrite: bool = False,
     if not path.lower().endswith(EXTENSIONS):
         return (f"{argument} {path} does not end in .html: name the page e.g. "
                 f"{os.path.splitext(path)[0] or 'memwatch'}.html")
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        return (f"{argument} {path}: the folder {os.path.dirname(path) or folder} "
-                "does not exist: create it first, or choose another path")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return f"{argument} {path}: cannot write in {folder}: choose another folder"
+    problem = folder_problem(argument, path)
+    if problem is not None:
+        return problem
     if os.path.lexists(path) and not overwrite:
         return (f"{argument} {path} exists: pass overwrite=True (--overwrite on "
                 "the command line) to replace it, or choose another path")
