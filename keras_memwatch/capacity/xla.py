@@ -12,17 +12,16 @@ batches a `fit` holds on an accelerator ahead of the running step
 (`xla_plan.BATCHES_AHEAD`). Sizes compile side by side on a pool of
 threads (XLA's compiler releases the GIL); tracing runs one at a time. On
 a GPU the ladder and the aims compile without autotuning and with cheaper
-code generation (`AIM_OPTIONS`: about half the time of a compilation as `fit`
-makes it; their plans only aim, `calibration`), and every check compiles as
-`fit` compiles, which `fit` then finds in JAX's cache (in a new process, with
-the persistent compilation cache: `configure.compilation_cache`). With a
-`deadline`, compilations still running then are abandoned.
+code generation (`AIM_OPTIONS`: quicker, the same buffers; their plans only
+aim, `calibration`), and every check compiles as `fit` compiles, which `fit`
+then finds in JAX's cache (in a new process, with the persistent
+compilation cache: `configure.compilation_cache`). With a `deadline`,
+compilations still running then are abandoned.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import os
 import threading
 import time
@@ -31,16 +30,17 @@ from typing import Any, Callable, Optional
 
 from keras_memwatch.measure.batches import Batches
 from keras_memwatch.measure.device import Device
+from keras_memwatch.capacity import stored_record
 from keras_memwatch.capacity.evidence import AIMED, PLAN, Observation
 from keras_memwatch.oom_errors import is_oom_error
 from keras_memwatch.judge import xla_plan
 from keras_memwatch.units import format_bytes
 
 #: Compiler options of the quick, aimed compilations on a GPU: no
-#: autotuning, and cheaper code generation (the memory plan is made before
-#: code generation, so these leave it as it is; docs/capacity.md).
+#: autotuning, and cheaper code generation. The GEMMs stay fused as `fit`
+#: fuses them (Triton's), so that the buffers are those of `fit`'s plan;
+#: `calibration` reads any difference left (docs/capacity.md).
 AIM_OPTIONS: dict[str, Any] = {"xla_gpu_autotune_level": 0,
-                               "xla_gpu_enable_triton_gemm": False,
                                "xla_gpu_disable_gpuasm_optimizations": True,
                                "xla_backend_optimization_level": 0,
                                "xla_llvm_disable_expensive_passes": True}
@@ -71,6 +71,7 @@ class Plans:
         self.device = device
         self.progress = progress
         self.accelerator = jax.default_backend() != "cpu"
+        self.device_kind = jax.devices()[0].device_kind
         self.aim_options: Optional[dict[str, Any]] = (
             dict(AIM_OPTIONS) if self.accelerator else None)
         self.ladder_width = max(1, min(8, (os.cpu_count() or 1) // 2))
@@ -101,18 +102,22 @@ class Plans:
     def check(self, sizes: Sequence[int]) -> list[Observation]:
         return self._plans(sizes, aimed=False, width=CHECKS_AT_ONCE, ladder=False)
 
-    def measure(self, aims: Sequence[int], checks: Sequence[int],
-                ladder: bool = False) -> list[Observation]:
-        """Quick plans of `aims` (on the ladder, with `ladder`) and plans as
-        `fit` compiles them of `checks`, side by side in one round."""
-        if self.aim_options is None:
-            return (self.ladder(aims) if ladder else self.check(aims)) + \
-                self.check([b for b in checks if b not in aims])
-        jobs = [(b, True) for b in aims] + [(b, False) for b in checks]
-        made = self._run(jobs, self.ladder_width + len(checks), ladder=ladder)
-        # only the quick plans draw the small-batch line
-        return [dataclasses.replace(o, ladder=o.ladder and o.how == AIMED)
-                for o in made]
+    def fingerprint(self) -> str:
+        """What decides this step's plans (`stored_record.fingerprint`): its
+        program, the limit, JAX, the device and the compiler's options."""
+        import jax
+        import jaxlib
+
+        with self._tracing:
+            lowered = xla_plan.lower_step(self.model, self.sample, 1,
+                                          batches_ahead=0)[0]
+        # XLA recomputes activations to fit the limit on an accelerator only
+        limit = self.limit if self.accelerator else None
+        return stored_record.fingerprint(
+            lowered.as_text(), limit, jax=jax.__version__,
+            jaxlib=jaxlib.__version__, device=self.device_kind,
+            xla_flags=os.environ.get("XLA_FLAGS", ""),
+            aim_options=self.aim_options, batches_ahead=xla_plan.BATCHES_AHEAD)
 
     def ahead(self, size: int) -> int:
         """Bytes of the batches a `fit` holds ahead of a step of `size`."""
