@@ -58,10 +58,11 @@ from keras_memwatch.capacity.ladder import (  # noqa: F401 (the ladder's, read h
 from keras_memwatch.capacity.progress import Progress
 
 MAX_CHECKS = 12
-MAX_AIMED = 16  # quick, aimed plans (JAX on a GPU): two rounds of eight
+MAX_AIMED = 24  # quick, aimed plans (JAX on a GPU): three rounds of eight
 #: Where quick plans have not yet failed above an answer, they also ask
-#: these multiples of it (XLA may recompute activations up there).
-FAN = (1.1, 1.25, 1.5, 2.0)
+#: these multiples of it (XLA may recompute activations up there: GPT-2
+#: base fits twice the batch the small-batch line says).
+FAN = (1.1, 1.3, 1.6, 2.0, 2.5, 3.0)
 
 
 class Strategy(Protocol):
@@ -75,9 +76,9 @@ class Strategy(Protocol):
     above_limit: bool
     ladder_width: int
     check_width: int  # sizes a round of checks asks about
-    # Optional: `aims` and `aim(sizes)` (quick plans), `measure(aims,
-    # checks)` (both kinds in one round), `deadline` (a `perf_counter()`
-    # time after which work in flight is abandoned, or `None`).
+    # Optional: `aims` and `aim(sizes)` (quick plans), `deadline` (a
+    # `perf_counter()` time after which work in flight is abandoned, or
+    # `None`).
 
     def ladder(self, sizes: Sequence[int]) -> list[Observation]: ...
 
@@ -95,17 +96,21 @@ class Search:
             or `None`.
         deadline: when to stop asking. Defaults to `None`: no limit.
         progress: shows each round. Defaults to `None`: nothing shown.
+        known: observations of this step made before (`stored_record`):
+            the search starts from them, with no ladder where they draw the
+            line, and asks only what they leave open. Defaults to `()`.
     """
 
     def __init__(self, strategy: Strategy, on_gpu: bool,
                  host_largest: Optional[int], *, deadline: Optional[Deadline] = None,
-                 progress: Optional[Progress] = None):
+                 progress: Optional[Progress] = None,
+                 known: Sequence[Observation] = ()):
         self.strategy = strategy
         self.on_gpu = on_gpu
         self.host_largest = host_largest
         self.deadline = deadline if deadline is not None else Deadline(None)
         self.progress = progress
-        self.observations: list[Observation] = []
+        self.observations: list[Observation] = list(known)
         self.stopped = ""  # why the ladder stopped where it did
         self.checks_left = ""  # what the checks left open
         #: Each answer left open (by headroom), and why.
@@ -125,7 +130,7 @@ class Search:
         self._headroom = headroom
         if sizes is not None:
             self._given(list(sizes))
-        else:
+        elif self.evidence.line is None:
             self._climb()
         if self.on_gpu and self.strategy.limit is not None and not self.out_of_time:
             self._check(headroom)
@@ -137,25 +142,18 @@ class Search:
 
     # -- asking, in rounds, within the time ---------------------------------
 
-    def _ask(self, kind: str, sizes: Sequence[int],
-             checks: Sequence[int] = ()) -> list[Observation]:
+    def _ask(self, kind: str, sizes: Sequence[int]) -> list[Observation]:
         """One round: `sizes` measured by `kind` (`"ladder"`, `"aim"`,
-        `"check"`), and `checks` beside them where the strategy measures
-        both kinds in one round; shown, and added to the record."""
-        sizes, checks = list(sizes), list(checks)
+        `"check"`); shown, and added to the record."""
+        sizes = list(sizes)
         began = time.perf_counter()
-        if checks and hasattr(self.strategy, "measure"):
-            made = self.strategy.measure(sizes, checks, ladder=kind == "ladder")
-        else:
-            made = getattr(self.strategy, kind)(sizes) if sizes else []
-            if checks:
-                made += self.strategy.check(checks)
+        made = getattr(self.strategy, kind)(sizes) if sizes else []
         self.observations += made
-        self.rounds.append((kind, sizes + checks, time.perf_counter() - began))
+        self.rounds.append((kind, sizes, time.perf_counter() - began))
         if self.progress is not None:
             best = (self.evidence.batch_size_for(self._headroom)
                     if self.strategy.limit is not None else None)
-            self.progress.round(kind, sizes + checks, best)
+            self.progress.round(kind, sizes, best)
         if self.deadline.passed and self._answerable():
             self.out_of_time = True
         return made
@@ -205,11 +203,7 @@ class Search:
                 self.stopped = (f"out of time (max_seconds) before batch "
                                 f"{max(queue)}")
                 return
-            # Where quick plans aim, the first round also compiles its
-            # largest size as `fit` compiles it: the ratio calibrates them.
-            calibrate = ([max(queue)] if getattr(self.strategy, "aims", False)
-                         and not self.observations else [])
-            made = self._ask("ladder", queue, calibrate)
+            made = self._ask("ladder", queue)
             if not made or self.out_of_time:
                 self.stopped = f"out of time (max_seconds) after batch {max(queue)}"
                 break
@@ -249,10 +243,18 @@ class Search:
         targets = [headroom] + ([0.0] if headroom > 0 and
                                 self.strategy.above_limit else [])
         if getattr(self.strategy, "aims", False):
-            # Quick plans, calibrated, bracket the answers first.
-            self._rounds(targets, self._aimed, "aim", MAX_AIMED,
-                         self.strategy.ladder_width)
-            left = self._settle(targets, MAX_CHECKS, self.strategy.check_width)
+            # Quick plans, calibrated, bracket the answers first, until one
+            # round of checks can ask every size of each bracket; where the
+            # checks show the quick plans off, they aim again.
+            while True:
+                self._rounds(targets, self._aimed, "aim", MAX_AIMED - self._asked("aim"),
+                             self.strategy.ladder_width, near=True)
+                before = self._asked("check")
+                left = self._settle(targets, MAX_CHECKS - before,
+                                    self.strategy.check_width, rounds=1)
+                if not left or self._asked("check") == before or self.out_of_time \
+                        or self._asked("check") >= MAX_CHECKS:
+                    break
         else:
             left = self._rounds(targets, lambda: self.evidence, "check",
                                 MAX_CHECKS, self.strategy.check_width)
@@ -262,13 +264,33 @@ class Search:
                 + " and ".join(f"under {h:.0%} headroom" for h in left)
                 + f" not bracketed to {RESOLUTION:.0%}")
 
-    def _settle(self, targets: Sequence[float], budget: int,
-                width: int) -> list[float]:
+    def _one_round(self, view: Evidence, headroom: float) -> list[int]:
+        """The sizes a round of checks asks to bracket the answer under
+        `headroom` where `view` (the quick plans) brackets it: the answer
+        and the bracket's top where they are `RESOLUTION` apart, every size
+        of the bracket where it holds fewer than a round's; else `[]`."""
+        low, high, _ = room_gap(view, headroom)
+        if low is None or high is None:
+            return []
+        if high - low <= max(1, int(RESOLUTION * low)):
+            answer = min(max(view.crossing(headroom) or low, low), high - 1)
+            return [answer, high]
+        if high - low < self.strategy.check_width:
+            return list(range(low, high + 1))
+        return []
+
+    def _asked(self, kind: str) -> int:
+        """How many sizes rounds of `kind` asked so far."""
+        return sum(len(sizes) for k, sizes, _ in self.rounds if k == kind)
+
+    def _settle(self, targets: Sequence[float], budget: int, width: int,
+                rounds: Optional[int] = None) -> list[float]:
         """Checks, as `fit` compiles them, where the calibrated quick plans
-        say each answer lies and the size just above it, a round at a time,
-        until the record brackets each answer, `budget` sizes were asked or
-        the time is out; returns the headrooms left open."""
-        rounds = 0
+        say each answer lies and the size just above it (every size of a
+        bracket narrower than `width`), a round at a time, until the record
+        brackets each answer, `rounds` rounds ran, `budget` sizes were
+        asked or the time is out; returns the headrooms left open."""
+        done = 0
         while True:
             real = self.evidence
             view = self._aimed()
@@ -277,6 +299,10 @@ class Search:
             asks: list[int] = []
             for h in reversed(targets):
                 if bracketed(real, h):
+                    continue
+                needed = self._one_round(view, h)
+                if needed:  # the quick plans' bracket
+                    asks += [b for b in needed if b not in exact]
                     continue
                 b = view.crossing(h)
                 if not b:
@@ -292,32 +318,40 @@ class Search:
                     asks.append(b + step)
             top = view.crossing(targets[-1])
             failed = real.smallest_failure
-            if rounds and top and self.strategy.above_limit and \
+            if done and top and self.strategy.above_limit and \
                     (failed is None or failed > top * FAN[-1]):
                 # the quick plans aimed low before: where nothing failed
                 # above the ceiling, the spare sizes look further up
                 asks += [int(top * f) for f in FAN]
             asks = [b for b in dict.fromkeys(asks) if b not in exact][:width]
-            rounds += 1
-            if not asks:
+            if not asks or (rounds is not None and done >= rounds):
                 return [h for h in targets if not bracketed(real, h)]
+            done += 1
             if budget <= 0 or not self._in_time("check", asks):
                 return [h for h in targets if not bracketed(real, h)]
             self._ask("check", asks)
             budget -= len(asks)
 
     def _rounds(self, targets: Sequence[float], view: Callable[[], Evidence],
-                kind: str, budget: int, width: int) -> list[float]:
+                kind: str, budget: int, width: int, near: bool = False) -> list[float]:
         """Asks, a round of at most `width` sizes at a time, what `view`'s
-        answers need, until each is bracketed, `budget` sizes were asked or
+        answers need, until each is bracketed (or, with `near`, until one
+        round of checks can ask what each needs), `budget` sizes were asked or
         the time is out; returns the headrooms left open. A round asks
         first what every answer rests on, then the sizes above them, the
         ceiling's first (they fan out: `_proposals`)."""
         while True:
+            if near:
+                known = {h: self._one_round(view(), h) for h in targets}
+                if all(known.values()) and \
+                        len(set().union(*known.values())) <= self.strategy.check_width:
+                    return []  # one round of checks asks every size needed
             first: list[int] = []
             then: list[int] = []
             share = max(1, width // len(targets))
             for h in reversed(targets):  # the ceiling's sizes above first
+                if near and len(known[h] or ()) in (1, 2):
+                    continue
                 needed, above = self._proposals(view(), h, share,
                                                 fan=h == targets[-1] and width > 1)
                 first = needed + first
@@ -339,8 +373,9 @@ class Search:
         above)`:
 
         - while a gap between the largest size seen to fit and the smallest
-          that failed is open (every answer rests on where the limit lies
-          in it), sizes that cut it into `width + 1` equal parts;
+          that failed is open and the answer lies at its foot (it rests on
+          where the limit lies in it), sizes that cut it into `width + 1`
+          equal parts;
         - while a gap between the largest size that fits the room of this
           headroom and the smallest that does not is open, sizes that cut
           it, where they may be tried (below a size that ran, or where
@@ -350,7 +385,7 @@ class Search:
         - nothing where both are known.
 
         With `fan`, while nothing above the answer has failed, the sizes
-        above it also fan out to twice the answer (`FAN`): XLA may
+        above it also fan out to three times the answer (`FAN`): XLA may
         recompute there, and a size that does not fit brackets the answer
         in the same round.
         """
@@ -363,7 +398,7 @@ class Search:
         fits = [o.batch_size for o in checked
                 if o.batch_size <= b and not evidence.failed(o)]
         failed, fitted = evidence.smallest_failure, evidence.largest_fitting
-        if failed is not None and fitted is not None \
+        if failed is not None and fitted is not None and b >= fitted \
                 and failed - fitted > max(1, int(RESOLUTION * fitted)):
             return _between(fitted, failed, width), []
         low, high, high_ran = room_gap(evidence, headroom)

@@ -1,5 +1,5 @@
-"""XLA's plans as a strategy (JAX): both kinds of compilation in one round,
-and a deadline that abandons what is still compiling. On the CPU the quick
+"""XLA's plans as a strategy (JAX): quick plans and plans as `fit` compiles
+them, and a deadline that abandons what is still compiling. On the CPU the quick
 plans are emulated with empty options (the same compilation)."""
 
 from __future__ import annotations
@@ -39,16 +39,6 @@ def plans():
     device.close()
 
 
-def test_a_round_holds_quick_plans_and_one_as_fit_compiles_it(plans):
-    made = plans.measure([1, 2, 4, 8], [8], ladder=True)
-    assert [(o.batch_size, o.how, o.ladder) for o in made] == [
-        (1, AIMED, True), (2, AIMED, True), (4, AIMED, True), (8, AIMED, True),
-        (8, PLAN, False)]
-    # the same compilation on the CPU: the calibration ratio is 1
-    assert made[3].need_bytes == made[4].need_bytes
-    assert len(plans.lines) == 5
-
-
 def test_compilations_not_done_by_the_deadline_are_abandoned(plans):
     plans.deadline = time.perf_counter()  # passed already
     began = time.perf_counter()
@@ -68,7 +58,7 @@ def test_the_search_on_plans_brackets_both_answers_as_on_a_gpu(plans):
     ev = search.run(0.1, None)
     assert bracketed(ev, 0.1) and bracketed(ev, 0.0), search.open
     kinds = [o.how for o in ev.observations]
-    assert kinds[:5] == [AIMED] * 4 + [PLAN]  # the ladder, calibrated at 8
+    assert kinds[:4] == [AIMED] * 4  # the ladder: quick plans
     # the answers rest on plans as `fit` compiles them
     for h in (0.1, 0.0):
         b = ev.batch_size_for(h)
