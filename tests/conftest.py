@@ -105,6 +105,24 @@ def fake_probe_cls():
 
 
 @pytest.fixture
+def jax_config(monkeypatch):
+    """JAX's cache settings as they were, after the test; the cache reset."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+    before = {n: getattr(jax.config, n) for n in names}
+    from keras_memwatch.configure import compilation_cache as CC
+
+    monkeypatch.setattr(CC, "_ours", None)
+    monkeypatch.setattr(CC, "_logged", None)
+    yield jax
+    for n, v in before.items():
+        jax.config.update(n, v)
+    compilation_cache.reset_cache()
+
+
+@pytest.fixture
 def memwatch_logs(caplog) -> Iterator[pytest.LogCaptureFixture]:
     """Captures the keras_memwatch logger at INFO and above."""
     caplog.set_level(logging.INFO, logger="keras_memwatch")

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any, Callable, Optional, Union
 
 from keras_memwatch import options
+from keras_memwatch.capacity import stored_record
 from keras_memwatch.capacity.deadline import Deadline
 from keras_memwatch.capacity.progress import Progress
 from keras_memwatch.measure.batches import Batches
@@ -95,7 +96,9 @@ def estimate_max_batch_size(
             compilation cache (created where missing), or `True` for
             `~/.cache/keras_memwatch/jax` (under `$XDG_CACHE_HOME` where
             set), so that a second estimate, and the `fit` that follows in
-            a new process, find the compilations on disk. A cache the user
+            a new process, find the compilations on disk; the estimate's
+            record is kept there too, so a second estimate of the same step
+            under the same limit asks nothing again. A cache the user
             set (`jax_compilation_cache_dir`, `JAX_COMPILATION_CACHE_DIR`)
             always wins. PyTorch, TensorFlow: accepted, does nothing.
             Defaults to `None`: none set.
@@ -138,7 +141,7 @@ def estimate_max_batch_size(
 
     backend = keras.backend.backend()
     data = Batches(x, y)
-    use_compilation_cache(cache, backend=backend)
+    cache_directory = use_compilation_cache(cache, backend=backend)
     shown = Progress(verbose, callback, began)
     say = shown.line
     build_for_training(model, data.take(1))
@@ -147,11 +150,23 @@ def estimate_max_batch_size(
     strategy = None
     try:
         strategy = _strategy(method, backend, dev, model, data, fresh_process, say)
+        key = (strategy.fingerprint() if cache_directory and sizes is None
+               and hasattr(strategy, "fingerprint") else None)
+        known = (stored_record.Stored([]) if key is None
+                 else stored_record.load(cache_directory, key))
+        if known.observations:
+            say(f"estimate_max_batch_size: {len(known.observations)} sizes from "
+                f"the estimate stored in {cache_directory}")
         search = Search(strategy, dev.on_gpu,
                         host_largest_batch(data.bytes_per_sample,
                                            host_available_bytes()[0]),
-                        deadline=Deadline(max_seconds, began), progress=shown)
+                        deadline=Deadline(max_seconds, began), progress=shown,
+                        known=known.observations)
+        search.stopped = known.stopped
         evidence = search.run(headroom, sizes)
+        if key is not None and len(evidence.observations) > len(known.observations):
+            stored_record.save(cache_directory, key, evidence.observations,
+                               search.stopped)
     finally:
         try:
             state.restore()
@@ -165,7 +180,8 @@ def estimate_max_batch_size(
         refusal=_refusal(evidence, strategy, search.stopped),
         stopped=search.stopped, unsettled=search.checks_left,
         samples_given=data.n, seconds=round(time.perf_counter() - began, 2),
-        max_seconds=max_seconds, left_open=dict(search.open))
+        max_seconds=max_seconds, left_open=dict(search.open),
+        stored=len(known.observations))
     shown.done(estimate.predicted_batch_size)
     logger.info("%s", estimate.explanation)
     return estimate

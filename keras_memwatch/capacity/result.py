@@ -37,6 +37,9 @@ class CapacityEstimate:
         left_open: each answer the record does not bracket to 2% (a size
             that fits the room of that headroom, and one at most 2% above
             it that does not), by headroom, with why, in words.
+        stored: how many observations came from an earlier estimate of the
+            same step under the same limit, kept beside JAX's compilation
+            cache (`compilation_cache=`); `0` where none.
     """
 
     evidence: Evidence
@@ -52,6 +55,7 @@ class CapacityEstimate:
     seconds: float = 0.0
     max_seconds: Optional[float] = None
     left_open: dict[float, str] = dataclasses.field(default_factory=dict)
+    stored: int = 0
 
     # -- answers -------------------------------------------------------------
 
@@ -223,6 +227,11 @@ class CapacityEstimate:
                          f"measured ({top}), read off the line.")
         if self.samples_given and top > self.samples_given:
             parts.append(f"Batches repeat the {self.samples_given} samples given.")
+        if self.stored:
+            asked = len(ev.observations) - self.stored
+            parts.append(f"{self.stored} sizes from an earlier estimate of this "
+                         f"step under this limit (the compilation cache), "
+                         f"{asked} more asked.")
         for note in (self.stopped and f"The ladder stopped: {self.stopped}",
                      self.unsettled):
             if note:

@@ -16,22 +16,6 @@ BACKEND = keras.backend.backend()
 jax_only = pytest.mark.skipif(BACKEND != "jax", reason="JAX's own cache")
 
 
-@pytest.fixture
-def jax_config(monkeypatch):
-    """JAX's cache settings as they were, after the test; the cache reset."""
-    import jax
-    from jax.experimental.compilation_cache import compilation_cache
-
-    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
-    before = {n: getattr(jax.config, n) for n in names}
-    monkeypatch.setattr(CC, "_ours", None)
-    monkeypatch.setattr(CC, "_logged", None)
-    yield jax
-    for n, v in before.items():
-        jax.config.update(n, v)
-    compilation_cache.reset_cache()
-
-
 def tiny_model():
     model = keras.Sequential([keras.Input((7,)), keras.layers.Dense(5),
                               keras.layers.Dense(1)])
