@@ -4,12 +4,13 @@ what JAX's persistent compilation cache saves (issue 45).
 For one model under a cap, each part in a new process:
 
 1. `cold`: `estimate_max_batch_size(..., compilation_cache=DIR)` on an empty
-   DIR, timed; then, in the same process, one compilation of `fit`'s step
-   at the answer, from a fresh lowering, with the persistent cache off
-   (so it compiles); their ratio (the target: at most 2.5);
+   DIR, timed;
 2. `warm`: the same estimate again, DIR now full (the target: 20 s for GPT-2);
 3. `fit`: a new process trains at the answer and times its first step
-   (compilation or cache load, and the step), with DIR and without a cache.
+   (compilation or cache load, and the step), with DIR and without a cache;
+   without, XLA's compilation of `fit`'s step there (JAX's own
+   `backend_compile` duration) is the one compilation the cold estimate
+   is set against (the target: at most 2.5 of it).
 
 Each part prints its line as it ends, then a table and one JSON line:
 
@@ -46,11 +47,8 @@ def cold(name: str, limit_mb: float, cache: str, headroom: float,
          max_seconds: Optional[float]) -> dict[str, Any]:
     """The estimate, then one compilation as `fit` compiles it at the answer."""
     _setup(limit_mb, cache)
-    import jax
-
     from benchmarks.models import build, data
     from keras_memwatch import estimate_max_batch_size
-    from keras_memwatch.judge import xla_plan
 
     model = build(name)
     x, y = data(name, 8)
@@ -58,18 +56,7 @@ def cold(name: str, limit_mb: float, cache: str, headroom: float,
     est = estimate_max_batch_size(model, x, y, headroom=headroom,
                                   compilation_cache=cache, max_seconds=max_seconds,
                                   verbose=2)
-    seconds = time.perf_counter() - began
-    out = _answers(est, seconds)
-    print(json.dumps({"part": "cold estimate", **out}), flush=True)
-    size = est.predicted_batch_size or 1
-    jax.config.update("jax_enable_compilation_cache", False)
-    lowered = xla_plan.lower_step(model, (x, y), size, batches_ahead=0)
-    began = time.perf_counter()
-    xla_plan.compiled_working_bytes(*lowered)
-    out["compile_s"] = round(time.perf_counter() - began, 1)
-    out["compile_batch"] = size
-    out["ratio"] = round(out["seconds"] / out["compile_s"], 2)
-    return out
+    return _answers(est, time.perf_counter() - began)
 
 
 def warm(name: str, limit_mb: float, cache: str, headroom: float) -> dict[str, Any]:
@@ -87,8 +74,10 @@ def warm(name: str, limit_mb: float, cache: str, headroom: float) -> dict[str, A
 
 def first_step(name: str, limit_mb: float, cache: Optional[str], size: int
                ) -> dict[str, Any]:
-    """`fit` at `size` in this (new) process: seconds to its first batch end."""
+    """`fit` at `size` in this (new) process: seconds to its first batch
+    end, and the longest of XLA's compilations in it."""
     _setup(limit_mb, cache)
+    import jax
     import keras
 
     from benchmarks.models import build, data
@@ -98,9 +87,14 @@ def first_step(name: str, limit_mb: float, cache: Optional[str], size: int
     if cache is not None:
         use_compilation_cache(cache)
     else:
-        import jax
-
         jax.config.update("jax_enable_compilation_cache", False)
+    compiles: list[float] = []
+
+    def compiled(event: str, seconds: float, **_: Any) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(seconds)
+
+    jax.monitoring.register_event_duration_secs_listener(compiled)
     model = build(name)
     x, y = data(name, size)
     times: dict[str, float] = {}
@@ -116,7 +110,8 @@ def first_step(name: str, limit_mb: float, cache: Optional[str], size: int
 
     keras.Model.fit(model, repeated(x, y, 3), epochs=1, verbose=0, callbacks=[Clock()])
     return {"cache": cache is not None, "size": size,
-            "first_step_s": round(times["first"] - times["begin"], 1)}
+            "first_step_s": round(times["first"] - times["begin"], 1),
+            "compile_s": round(max(compiles, default=0.0), 1)}
 
 
 def _answers(est: Any, seconds: float) -> dict[str, Any]:
@@ -206,6 +201,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not args.skip_uncached_fit:
         results["fit_uncached"] = _child("fit", [*common, "--size", size,
                                                  "--no-cache"], 300)
+        compile_s = (results["fit_uncached"] or {}).get("compile_s")
+        if compile_s:
+            results["ratio"] = round(results["cold"]["seconds"] / compile_s, 2)
     print(table(results), flush=True)
     print(json.dumps(results), flush=True)
     return 0
@@ -219,9 +217,9 @@ def table(r: dict[str, Any]) -> str:
         f"model {r['model']}, cap {r['limit_mb']:.0f} MiB",
         f"  cold estimate      {get('cold', 'seconds')} s  (answer {get('cold', 'answer')},"
         f" ceiling {get('cold', 'ceiling')})",
-        f"  one fit compile    {get('cold', 'compile_s')} s at batch "
-        f"{get('cold', 'compile_batch')}",
-        f"  ratio              {get('cold', 'ratio')}  (target <= 2.5)",
+        f"  one fit compile    {get('fit_uncached', 'compile_s')} s at batch "
+        f"{get('fit_uncached', 'size')} (a new process, no cache)",
+        f"  ratio              {r.get('ratio', '-')}  (target <= 2.5)",
         f"  warm estimate      {get('warm', 'seconds')} s  (answer {get('warm', 'answer')})",
         f"  fit's first step   {get('fit_cached', 'first_step_s')} s with the cache, "
         f"{get('fit_uncached', 'first_step_s')} s without",
