@@ -388,7 +388,7 @@ def read_plan(hlo: str, is_loss: Callable[[Optional[str]], bool]
         live += change[i]
         loss_live += loss_change[i]
         grad_live += grad_change[i]
-        if loss_live + grad_live > loss_kept + loss_grad:
+        if loss_live + grad_live >= loss_kept + loss_grad:  # ties: the later
             loss_kept, loss_grad = loss_live, grad_live
         if live > peak:
             peak, peak_at = live, i
