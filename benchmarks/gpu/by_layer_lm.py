@@ -164,6 +164,10 @@ def split(name: str, c: dict[str, int], top: int, warm: bool = True
     seconds = time.perf_counter() - began
     print(f"--- {name} on {keras.backend.backend()}", file=sys.stderr)
     print(format_by_layer(table, top=top), file=sys.stderr)
+    loss = table.set_index("layer").loc[LOSS]
+    print(f"  loss row: activations {loss['activation_bytes']}, gradients "
+          f"{loss['grad_bytes']}, measured backward "
+          f"{loss['measured_backward_bytes']}: {loss['note']}", file=sys.stderr)
     working = table.attrs["working_bytes"]
     rest = _int(table.set_index("layer").loc[REST, "working_bytes"])
     ref, ref_words = reference(model, x, y)

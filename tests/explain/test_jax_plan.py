@@ -99,3 +99,4 @@ def test_the_update_row_says_what_the_update_adds_at_the_peak():
     assert update.extra_bytes == plan.update_bytes
     assert "peak is in the update" in update.note
     assert loss.activation_bytes + loss.grad_bytes == 4000
+

@@ -111,15 +111,7 @@ def torch_step(model: Any, batch: tuple[Any, Any], expand_nested: bool,
     words = ("one real step: " + ("the CUDA allocator's" if device.on_gpu else
                                   "the host's resident") +
              " peak less the memory in use before it")
-    loss = StepRow(
-        LOSS, saved.loss_saved + saved.outputs_held, saved.loss_grad or 0,
-        "measured", _shapes_text(saved.outputs),
-        measured_backward_bytes=saved.loss_backward,
-        note=(f"the model's outputs the step holds for its metrics "
-              f"({format_bytes(saved.outputs_held)}), what the loss saved "
-              f"({format_bytes(saved.loss_saved)}), the largest gradients of one "
-              "of the loss's operations; the logits are here, not in the layer "
-              "that computes them"))
+    loss = _torch_loss(saved)
     rows = [loss, _torch_update(update, before)]
     table = by_layer_table(model, saved.rows, saved.saved, "measured", working,
                            words, forward=saved.forward, backward=saved.backward,
@@ -129,6 +121,31 @@ def torch_step(model: Any, batch: tuple[Any, Any], expand_nested: bool,
         saved_bytes=sum(saved.saved.values()) + saved.outside,
         held_at_backward_bytes=None if current is None else current - in_use)
     return table
+
+
+def _torch_loss(saved: Any) -> StepRow:
+    """The loss's row: the outputs the step holds and what the loss saved
+    (on a CUDA device, what its call left allocated where that is more),
+    and its gradients (on a CUDA device, its backward pass's peak where
+    that is more than the gradients its nodes' hooks saw)."""
+    kept, grad = saved.loss_saved, saved.loss_grad or 0
+    words = [f"the model's outputs the step holds for its metrics "
+             f"({format_bytes(saved.outputs_held)}), what the loss saved "
+             f"({format_bytes(saved.loss_saved)}), the largest gradients of one of "
+             f"the loss's operations ({format_bytes(grad)})"]
+    if saved.loss_forward is not None and saved.loss_forward > kept:
+        words.append(f"its call left {format_bytes(saved.loss_forward)} allocated, "
+                     "more than it saved: the row holds that")
+        kept = saved.loss_forward
+    if saved.loss_backward is not None and saved.loss_backward > grad:
+        words.append(f"its backward pass's peak, {format_bytes(saved.loss_backward)}"
+                     ", is more than its nodes' gradients: the row holds that")
+        grad = saved.loss_backward
+    words.append("the logits are here, not in the layer that computes them")
+    return StepRow(LOSS, kept + saved.outputs_held, grad, "measured",
+                   _shapes_text(saved.outputs),
+                   measured_backward_bytes=saved.loss_backward,
+                   note="; ".join(words))
 
 
 def _torch_update(update: dict[str, Optional[int]], before: list[int]) -> StepRow:
