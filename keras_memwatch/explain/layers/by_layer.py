@@ -113,7 +113,10 @@ def memory_by_layer(
         on PyTorch also `saved_bytes` (every tensor saved for the backward
         pass, the loss's too) and `held_at_backward_bytes` (the device's
         memory in use as the backward pass starts, less that before the
-        step). Work in a model's own `call` outside its layers (an `ops.add`
+        step); on JAX `peak_phase` (where the plan's peak is: `"forward"`,
+        `"backward"`, or `"other"`, the update), `kept_bytes` (the forward
+        bytes the backward pass reads) and `unowned_kept_bytes` (those of
+        no row). Work in a model's own `call` outside its layers (an `ops.add`
         of two layers' outputs) belongs to the rest; the model's outputs
         (the logits) to the loss.
 

@@ -38,7 +38,7 @@ import re
 from collections.abc import Sequence
 from typing import Callable, NamedTuple, Optional
 
-__all__ = ["Plan", "kept_by_row", "read_plan", "row_of"]
+__all__ = ["Plan", "read_plan", "row_of"]
 
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
           "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8,
@@ -174,26 +174,6 @@ def row_of(scope: Optional[str], paths: Sequence[str], root: str
     return named[0] if len(named) == 1 else None
 
 
-def kept_by_row(kept: dict[Optional[str], int], paths: Sequence[str],
-                root: str) -> tuple[dict[str, int], int]:
-    """Charges each scope's bytes to its row (`row_of`).
-
-    Returns:
-        `(bytes per row path, bytes of no row)`.
-    """
-    rows: dict[str, int] = {}
-    rest = 0
-    for scope, size in kept.items():
-        row = row_of(scope, paths, root)
-        if row is None:
-            rest += size
-        else:
-            rows[row] = rows.get(row, 0) + size
-    return rows, rest
-
-
-
-
 def _phase(op_name: str) -> str:
     """`"backward"`, `"forward"`, `"other"` (the update, the metrics) or
     `""` (no metadata)."""
@@ -257,6 +237,21 @@ class Plan:
     other_at_peak: dict[str, int]
 
 
+def _nearest(ins: Instruction, table: dict[str, Instruction]) -> str:
+    """The op name of `ins`, else of its nearest operand (breadth first)
+    in `table` that has one; `""` where none has."""
+    todo, done = [ins], set()
+    while todo:
+        current = todo.pop(0)
+        if current.name in done:
+            continue
+        done.add(current.name)
+        if current.op_name:
+            return current.op_name
+        todo.extend(table[o] for o in current.operands if o in table)
+    return ""
+
+
 def _resolved(computations: dict[str, list[Instruction]], entry: str
               ) -> list[tuple[Instruction, list[str]]]:
     """The entry's instructions, each with the op name of each buffer it
@@ -282,18 +277,6 @@ def _resolved(computations: dict[str, list[Instruction]], entry: str
                 (i.op_name for i in body if i.op_name), "")
             return [found] * count
         return [""] * count
-
-    def _nearest(ins: Instruction, table: dict[str, Instruction]) -> str:
-        todo, done = [ins], set()
-        while todo:
-            current = todo.pop(0)
-            if current.name in done:
-                continue
-            done.add(current.name)
-            if current.op_name:
-                return current.op_name
-            todo.extend(table[o] for o in current.operands if o in table)
-        return ""
 
     out: list[tuple[Instruction, list[str]]] = []
     names: dict[str, list[str]] = {}
