@@ -57,7 +57,7 @@ def is_loss(scope):
 
 def test_the_layers_keep_their_activations_where_the_peak_is_in_the_update():
     plan = read_plan(program(update_floats=20_000), is_loss)
-    assert plan.peak_phase == "other"
+    assert plan.peak_phase == "update"
     assert plan.update_bytes == plan.peak_bytes - plan.passes_peak_bytes > 0
     # Each layer keeps what its backward pass reads, though gone at the peak;
     # the forward instruction scheduled last (the loss's scalar) changes nothing.

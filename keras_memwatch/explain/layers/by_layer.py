@@ -114,7 +114,7 @@ def memory_by_layer(
         pass, the loss's too) and `held_at_backward_bytes` (the device's
         memory in use as the backward pass starts, less that before the
         step); on JAX `peak_phase` (where the plan's peak is: `"forward"`,
-        `"backward"`, or `"other"`, the update), `kept_bytes` (the forward
+        `"backward"`, or `"update"`), `kept_bytes` (the forward
         bytes the backward pass reads) and `unowned_kept_bytes` (those of
         no row). Work in a model's own `call` outside its layers (an `ops.add`
         of two layers' outputs) belongs to the rest; the model's outputs

@@ -19,8 +19,9 @@ the program's outputs live to its end) and gives:
   instruction (a loss's scalar, needed only as an output, may run late),
   nor on where the step's peak falls (in the optimizer's update, on a
   GPU, the activations are gone);
-- the step's peak, and the peak of the forward and backward passes alone:
-  what the update adds to the step is the difference;
+- the step's peak, and the peak up to the backward pass's last
+  instruction: what the update, after it, adds to the step is the
+  difference;
 - the loss's buffers where the most of them are live at once: those of
   its forward pass and those only the loss reads (the logits, their
   log-softmax), and those of its backward pass (the gradient of the
@@ -217,12 +218,14 @@ class Plan:
             gradient of the logits).
         peak_bytes: the most bytes live at once (the training state and
             the batch, which are parameters, not counted).
-        passes_peak_bytes: the same, at instructions of the forward and
-            backward passes only.
-        peak_phase: the phase of the instruction at the peak: `"forward"`,
-            `"backward"` or `"other"` (the update, the metrics).
-        update_bytes: what the instructions outside both passes (the
-            update) add to the step's peak: `peak_bytes - passes_peak_bytes`.
+        passes_peak_bytes: the same, up to the backward pass's last
+            instruction.
+        peak_phase: where the peak is: `"forward"` or `"backward"` (the
+            pass of the last instruction of either at or before it), or
+            `"update"` (after the backward pass's last instruction: the
+            optimizer's update, the metrics).
+        update_bytes: what the update adds to the step's peak:
+            `peak_bytes - passes_peak_bytes`.
         other_at_peak: outer name scope -> bytes made outside both passes
             and live at the peak.
     """
@@ -365,6 +368,8 @@ def read_plan(hlo: str, is_loss: Callable[[Optional[str]], bool]
             continue
         into[buffer.made_at] += buffer.size
         into[buffer.last_read + 1] -= buffer.size
+    # The update: what runs after the backward pass's last instruction.
+    last_backward = max(i for i, p in enumerate(phases) if p == "backward")
     live = loss_live = grad_live = peak = peak_at = passes_peak = 0
     loss_kept = loss_grad = 0
     for i in range(len(resolved)):
@@ -375,7 +380,7 @@ def read_plan(hlo: str, is_loss: Callable[[Optional[str]], bool]
             loss_kept, loss_grad = loss_live, grad_live
         if live > peak:
             peak, peak_at = live, i
-        if phases[i] in ("forward", "backward"):
+        if i <= last_backward:
             passes_peak = max(passes_peak, live)
     other: dict[str, int] = {}
     for buffer in made.values():
@@ -383,5 +388,8 @@ def read_plan(hlo: str, is_loss: Callable[[Optional[str]], bool]
                 and buffer.made_at <= peak_at <= buffer.last_read):
             key = _outer(buffer.op_name)
             other[key] = other.get(key, 0) + buffer.size
-    return Plan(kept, loss_kept, loss_grad, peak, passes_peak,
-                phases[peak_at] or "other", max(peak - passes_peak, 0), other)
+    phase = "update" if peak_at > last_backward else next(
+        (p for p in reversed(phases[:peak_at + 1]) if p in ("forward", "backward")),
+        "forward")
+    return Plan(kept, loss_kept, loss_grad, peak, passes_peak, phase,
+                max(peak - passes_peak, 0), other)
