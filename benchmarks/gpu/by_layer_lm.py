@@ -19,8 +19,8 @@ rest's share of the step's working memory, the rows' sum against the step
 
 Before the split, each model takes one `fit` step (`--cold` skips it), so
 the step split is a warm one, as the reference is: what a process's first
-step allocates once (the CUDA libraries' workspaces, lazily built state)
-is not in it.
+step holds that a later one does not is not in it (on the CPU, 9 MiB more
+held as the backward pass begins, for the tiny GPT-2).
 
 Each run writes its rows to `--json`; `--compare A.json B.json` (no
 backend needed) prints each row's `activation_bytes` on both backends,
