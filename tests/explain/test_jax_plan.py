@@ -19,7 +19,7 @@ def meta(op_name: str) -> str:
 
 def program(update_floats: int) -> str:
     """Two layers (`dense`: 1,000 floats kept, `dense_1`: 2,000 kept, made
-    by a command buffer's call), logits of 500 floats, a loss, the backward
+    by a command buffer's call, and an asynchronous copy of it), logits of 500 floats, a loss, the backward
     pass, an update whose temporaries are `update_floats` floats, and the
     loss's scalar, a forward instruction, scheduled last."""
     return f"""HloModule jit_train_step, is_scheduled=true
@@ -37,7 +37,9 @@ ENTRY %main (w: f32[3000], x: f32[100]) -> (f32[3000], f32[]) {{
   %h0 = f32[1000]{{0}} broadcast(%x), dimensions={{}}{meta(F + "/dense/dot_general")}
   %call = (f32[2000]{{0}}, s8[64]{{0}}) call(%h0), to_apply=%command_buffer
   %h1 = f32[2000]{{0}} get-tuple-element(%call), index=0
-  %logits = f32[500]{{0}} slice(%h1), slice={{[0:500]}}{meta(F + "/dense_1/add")}
+  %cs = (f32[2000]{{0}}, f32[2000]{{0}}, u32[]) copy-start(%h1){meta(F + "/dense_1/copy")}
+  %h1c = f32[2000]{{0}} copy-done(%cs)
+  %logits = f32[500]{{0}} slice(%h1c), slice={{[0:500]}}{meta(F + "/dense_1/add")}
   %lsm = f32[500]{{0}} exponential(%logits){meta(LOSS_F + "/log_softmax")}
   %glog = f32[500]{{0}} subtract(%lsm, %lsm){meta(LOSS_B + "/sub")}
   %g1 = f32[2000]{{0}} multiply(%h1, %glog){meta(B + "/dense_1/dot_general")}

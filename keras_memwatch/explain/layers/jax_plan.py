@@ -50,7 +50,7 @@ _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _CALLS = re.compile(r"(?:calls|to_apply|async_execution_thread_calls)=%([\w.\-]+)")
 _INDEX = re.compile(r"index=(\d+)")
 _SCOPE = re.compile(r"(?:transpose\()?jvp\(([^()]*)\)\)?(/.*)?$")
-_ALIASES = ("bitcast", "get-tuple-element", "copy-done", "async-done")
+_ALIASES = ("bitcast", "get-tuple-element")
 _NOT_ACTIVATIONS = ("parameter", "constant", "tuple", "after-all")
 
 
@@ -334,6 +334,10 @@ def read_plan(hlo: str, is_loss: Callable[[Optional[str]], bool]
                                  else list(source))
         elif ins.opcode in _ALIASES and ins.operands:
             buffers[ins.name] = list(buffers.get(ins.operands[0], ()))
+        elif ins.opcode.endswith("-done") and ins.operands:
+            # An asynchronous pair's result: the start's second element.
+            source = buffers.get(ins.operands[0], [])
+            buffers[ins.name] = source[1:2] or list(source)
         elif ins.opcode == "tuple":
             buffers[ins.name] = [b for o in ins.operands for b in buffers.get(o, ())]
         elif ins.opcode in _NOT_ACTIVATIONS:
@@ -342,7 +346,11 @@ def read_plan(hlo: str, is_loss: Callable[[Optional[str]], bool]
             shapes = _elements(ins.shape)
             buffers[ins.name] = [f"{ins.name}#{k}" for k in range(len(shapes))]
             for k, shape in enumerate(shapes):
-                made[f"{ins.name}#{k}"] = _Buffer(i, _bytes(shape), op_names[k], i)
+                # An asynchronous start's first element is its operands:
+                # other buffers, not bytes of its own.
+                start = ins.opcode.endswith("-start") and k == 0
+                size = 0 if start or shape.startswith("(") else _bytes(shape)
+                made[f"{ins.name}#{k}"] = _Buffer(i, size, op_names[k], i)
         for operand in ins.operands:
             for b in buffers.get(operand, ()):
                 made[b].last_read = i
