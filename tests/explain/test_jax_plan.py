@@ -102,3 +102,29 @@ def test_the_update_row_says_what_the_update_adds_at_the_peak():
     assert "peak is in the update" in update.note
     assert loss.activation_bytes + loss.grad_bytes == 4000
 
+
+
+def test_a_plan_whose_peak_is_in_the_update_keeps_the_layers_activations():
+    """Wide layers, a small batch, AdamW: XLA's CPU plan peaks in the update
+    (2026-12; XLA may schedule otherwise), where the activations are gone."""
+    import keras
+    import numpy as np
+    import pytest
+
+    if keras.backend.backend() != "jax":
+        pytest.skip("XLA's plan of the JAX step")
+    from keras_memwatch import memory_by_layer
+    from keras_memwatch.explain.layers import UPDATE
+
+    model = keras.Sequential([keras.Input((512,)),
+                              keras.layers.Dense(1024, activation="relu"),
+                              keras.layers.Dense(1024, activation="relu"),
+                              keras.layers.Dense(10)])
+    model.compile(optimizer="adamw", loss="mse")
+    x, y = np.ones((4, 512), "float32"), np.ones((4, 10), "float32")
+    table = memory_by_layer(model, x, y).set_index("layer")
+    for name in model.layers[:2]:  # each keeps at least its outputs
+        assert table.loc[name.name, "activation_bytes"] >= 4 * 1024 * 4
+    assert table["working_bytes"].sum() == table.attrs["working_bytes"]
+    update = table.loc[UPDATE, "working_bytes"]
+    assert (update > 0) == (table.attrs["peak_phase"] == "update")
