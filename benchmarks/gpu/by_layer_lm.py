@@ -17,7 +17,8 @@ rest's share of the step's working memory, the rows' sum against the step
   Mistral, 4 layers, width 512, 8 query and 4 key-value heads, a sliding
   window of 256 over sequences of 512), batch 8.
 
-Before the split, each model takes one `fit` step (`--cold` skips it), so
+On PyTorch, before the split, each model takes one `fit` step (`--cold`
+skips it; JAX's split compiles the step and runs none), so
 the step split is a warm one, as the reference is: what a process's first
 step holds that a later one does not is not in it (on the CPU, 9 MiB more
 held as the backward pass begins, for the tiny GPT-2).
@@ -157,7 +158,8 @@ def split(name: str, c: dict[str, int], top: int, warm: bool = True
 
     model = build(name, c)
     x, y = batch(c)
-    if warm:  # a process's first step allocates some things once
+    warm = warm and keras.backend.backend() == "torch"  # JAX runs no step
+    if warm:  # a process's first step holds some things a later one does not
         keras.Model.fit(model, x, y, batch_size=c["batch"], epochs=1, verbose=0)
     began = time.perf_counter()
     table = memory_by_layer(model, x, y, expand_blocks=True)
