@@ -160,3 +160,24 @@ def test_weights_optimizer_state_and_dtype_policy_are_put_back():
     assert [(layer.name, layer.dtype_policy.name)
             for layer in model._flatten_layers()] == policies
     assert keras.mixed_precision.global_policy().name == "float32"
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="XLA's plan of the JAX step")
+def test_jax_llama_blocks_keep_their_activations_and_the_rest_is_small():
+    """A keras-hub Llama shape: each block keeps what its backward pass
+    reads, the loss its logits, and the rows add up to XLA's plan."""
+    backbone = keras_hub.models.LlamaBackbone(
+        vocabulary_size=VOCAB, num_layers=LAYERS, num_query_heads=4,
+        num_key_value_heads=2, hidden_dim=WIDTH, intermediate_dim=2 * WIDTH)
+    model = keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
+    model.compile(optimizer=keras.optimizers.AdamW(1e-3),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    table = memory_by_layer(model, *batch())  # noqa: F821
+    working = table.attrs["working_bytes"]
+    assert table["working_bytes"].sum() == working
+    assert abs(row(table, REST)["working_bytes"]) <= 0.15 * working
+    assert row(table, LOSS)["working_bytes"] >= 2 * LOGITS
+    for i in range(LAYERS):  # at least its input and output, kept
+        block = row(table, f"{backbone.name}/transformer_layer_{i}")
+        assert block["activation_bytes"] >= 2 * BATCH * SEQ * WIDTH * 4
+    assert table.attrs["peak_phase"] in ("forward", "backward", "update")

@@ -62,11 +62,13 @@ def memory_by_layer(
       pass makes; the step's working memory is the device's peak during
       the step less what was in use before it (the CUDA allocator; the
       host's resident memory on a CPU).
-    - JAX: `activation_bytes` are the buffers XLA's compiled step keeps
-      from the forward pass for the backward pass, charged to the layer
-      whose name scope made them (`source="plan"`); the loss and the
-      update hold their scopes' buffers live at the plan's peak; the
-      step's working memory is the same plan beyond the training state.
+    - JAX: `activation_bytes` are the buffers of XLA's compiled step that
+      the forward pass makes and the backward pass reads, charged to the
+      layer whose name scope made them (`source="plan"`), wherever the
+      plan's peak falls; the loss holds the logits and what it keeps of
+      them and their gradient, at its own peak; the update what it adds
+      to the forward and backward passes' peak; the step's working memory
+      is the same plan beyond the training state.
     - TensorFlow: the layer's outputs at the batch size, from shapes and
       dtypes (`source="shapes"`), and the loss as one array of the
       outputs' size kept and one for their gradient; the working memory
@@ -111,7 +113,10 @@ def memory_by_layer(
         on PyTorch also `saved_bytes` (every tensor saved for the backward
         pass, the loss's too) and `held_at_backward_bytes` (the device's
         memory in use as the backward pass starts, less that before the
-        step). Work in a model's own `call` outside its layers (an `ops.add`
+        step); on JAX `peak_phase` (where the plan's peak is: `"forward"`,
+        `"backward"`, or `"update"`), `kept_bytes` (the forward
+        bytes the backward pass reads) and `unowned_kept_bytes` (those of
+        no row). Work in a model's own `call` outside its layers (an `ops.add`
         of two layers' outputs) belongs to the rest; the model's outputs
         (the logits) to the loss.
 

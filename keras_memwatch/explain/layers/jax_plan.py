@@ -1,24 +1,35 @@
-"""JAX: the buffers XLA's compiled step keeps from the forward pass for the
-backward pass, per layer.
+"""JAX: what XLA's compiled train step keeps for the backward pass, per
+name scope, and the step's own buffers (the loss's, the update's).
 
 XLA compiles `fit`'s whole step into one scheduled program. Its entry
 computation lists the instructions in the order they run, each with the
 op metadata JAX gives it: Keras's name scopes, under `jvp(...)` in the
 forward pass and `transpose(jvp(...))` in the backward pass
-(`jit(train_step)/jvp(conv1)/conv_general_dilated`). A buffer made by the
-end of the forward pass (its last instruction) and read after it is live
-across the forward/backward boundary: what the step keeps for the backward
-pass (gradients that XLA computes early are not counted). Its
-bytes go to the layer named in its instruction's metadata (or, for an
-instruction without any, such as a layout copy, in the nearest operand's
-that has one); aliases (bitcasts, tuple elements) count once, with their
-buffer. Parameters (the training state, the batch) are not activations.
+(`jit(train_step)/jvp(conv1)/conv_general_dilated`); the optimizer's
+update and the metrics carry their own scopes (`adam_w/...`).
 
-`live_at_peak` follows every buffer of the schedule from the instruction
-that makes it to its last reader, finds the moment the most bytes are
-live (the step's peak, as XLA's plan of the temporaries), and gives the
-bytes live then per name scope, forward and backward apart: the loss's
-and the optimizer update's buffers at the peak come from there.
+`read_plan` follows every buffer of the schedule from the instruction that
+makes it to its last reader (an alias's readers are its buffer's; each
+element of a tuple is a buffer of its own, as in XLA's buffer assignment;
+the program's outputs live to its end) and gives:
+
+- what each name scope keeps for the backward pass: the buffers made by
+  the forward pass that an instruction of the backward pass reads. That
+  does not depend on where XLA schedules the forward pass's last
+  instruction (a loss's scalar, needed only as an output, may run late),
+  nor on where the step's peak falls (in the optimizer's update, on a
+  GPU, the activations are gone);
+- the step's peak, and the peak up to the backward pass's last
+  instruction: what the update, after it, adds to the step is the
+  difference;
+- the loss's buffers where the most of them are live at once: those of
+  its forward pass and those only the loss reads (the logits, their
+  log-softmax), and those of its backward pass (the gradient of the
+  logits).
+
+An instruction without metadata (a layout copy; on a GPU, a call of a
+command buffer and the elements it returns) takes the scope of what it
+computes: a called computation's root, else its nearest operand's.
 """
 
 from __future__ import annotations
@@ -26,9 +37,9 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Sequence
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
-__all__ = ["LivePeak", "kept_by_row", "kept_by_scope", "live_at_peak", "row_of"]
+__all__ = ["Plan", "read_plan", "row_of"]
 
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
           "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8,
@@ -36,6 +47,8 @@ _BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
 _ARRAY = re.compile(r"([a-z]\w*)\[([\d,]*)\]")
 _OPERAND = re.compile(r"%([\w.\-]+)")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
+_CALLS = re.compile(r"(?:calls|to_apply|async_execution_thread_calls)=%([\w.\-]+)")
+_INDEX = re.compile(r"index=(\d+)")
 _SCOPE = re.compile(r"(?:transpose\()?jvp\(([^()]*)\)\)?(/.*)?$")
 _ALIASES = ("bitcast", "get-tuple-element")
 _NOT_ACTIVATIONS = ("parameter", "constant", "tuple", "after-all")
@@ -64,25 +77,56 @@ def _bytes(shape: str) -> int:
     return total
 
 
+def _elements(shape: str) -> list[str]:
+    """The top-level elements of a tuple shape (`(f32[2], s8[8])`)."""
+    if not shape.startswith("("):
+        return [shape]
+    out, depth, begin = [], 0, 1
+    for i, ch in enumerate(shape):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if (ch == "," and depth == 1) or (depth == 0 and i == len(shape) - 1):
+            out.append(shape[begin:i].strip())
+            begin = i + 1
+    return [e for e in out if e]
+
+
 class Instruction(NamedTuple):
     """One instruction of an HLO computation: the buffer name it defines,
-    its shape text, its opcode, the names it reads, and the op metadata's
-    name (its Keras name scope, where it has one)."""
+    its shape text, its opcode, the names it reads, the op metadata's name
+    (its Keras name scope, where it has one), the computations it calls,
+    and its tuple index (a `get-tuple-element`'s; else -1)."""
 
     name: str
     shape: str
     opcode: str
     operands: list[str]
     op_name: str
+    calls: tuple[str, ...] = ()
+    index: int = -1
 
 
-def _entry(hlo: str) -> list[Instruction]:
-    """Each instruction of the entry computation, in schedule order."""
-    lines = hlo.split("\nENTRY ", 1)[-1].split("\n")[1:]
-    out = []
-    for line in lines:
+def _computations(hlo: str) -> tuple[dict[str, list[Instruction]], str]:
+    """Each computation's instructions, in order (the entry's in schedule
+    order; its root last), and the entry's name."""
+    out: dict[str, list[Instruction]] = {}
+    entry, current = "", None
+    for line in hlo.split("\n"):
+        if current is None:
+            head = line.split(" ", 2)
+            if line.endswith("{") and len(head) > 1 and (
+                    line.startswith("%") or line.startswith("ENTRY ")):
+                name = head[1] if head[0] == "ENTRY" else head[0]
+                current = name.lstrip("%")
+                out[current] = []
+                if head[0] == "ENTRY":
+                    entry = current
+            continue
         if line.startswith("}"):
-            break
+            current = None
+            continue
         if " = " not in line:
             continue
         name, rest = line.strip().removeprefix("ROOT ").split(" = ", 1)
@@ -90,11 +134,14 @@ def _entry(hlo: str) -> list[Instruction]:
         shape, rest = rest[:end], rest[end:].strip()
         opcode = rest.split("(", 1)[0]
         open_at = len(opcode)
-        operands = _OPERAND.findall(rest[open_at:_closing(rest, open_at)])
+        close = _closing(rest, open_at)
         op_name = _OP_NAME.search(rest)
-        out.append(Instruction(name.lstrip("%"), shape, opcode, operands,
-                               op_name.group(1) if op_name else ""))
-    return out
+        index = _INDEX.search(rest[close:]) if opcode == "get-tuple-element" else None
+        out[current].append(Instruction(
+            name.lstrip("%"), shape, opcode, _OPERAND.findall(rest[open_at:close]),
+            op_name.group(1) if op_name else "",
+            tuple(_CALLS.findall(rest[close:])), int(index.group(1)) if index else -1))
+    return out, entry
 
 
 def _scope(op_name: str) -> Optional[str]:
@@ -105,61 +152,6 @@ def _scope(op_name: str) -> Optional[str]:
             match = _SCOPE.match(part)
             return None if match is None else match.group(1) + tail
     return None
-
-
-def kept_by_scope(hlo: str) -> dict[Optional[str], int]:
-    """Bytes kept across the forward/backward boundary of a compiled train
-    step's optimized HLO text, by name scope (None: no scope found).
-    Empty where the program has no backward pass."""
-    entry = _entry(hlo)
-    if not any("transpose(jvp(" in ins.op_name for ins in entry):
-        return {}
-    # Where the forward pass ends: after its last instruction (XLA may
-    # schedule parts of the backward pass earlier, where their inputs allow).
-    boundary = 1 + max((i for i, ins in enumerate(entry)
-                        if "jvp(" in ins.op_name and "transpose(jvp(" not in ins.op_name),
-                       default=-1)
-    by_name = {ins.name: (i, ins) for i, ins in enumerate(entry)}
-
-    def buffer(name: str) -> str:
-        seen = 0
-        while seen < 64:
-            _, ins = by_name[name]
-            if ins.opcode not in _ALIASES or not ins.operands:
-                return name
-            if ins.opcode == "get-tuple-element":
-                return name  # an element of a tuple: its own buffer
-            name, seen = ins.operands[0], seen + 1
-        return name
-
-    def scope(name: str) -> Optional[str]:
-        todo, done = [name], set()
-        while todo:
-            current = todo.pop(0)
-            if current in done or current not in by_name:
-                continue
-            done.add(current)
-            ins = by_name[current][1]
-            found = _scope(ins.op_name)
-            if found is not None:
-                return found
-            todo.extend(ins.operands)
-        return None
-
-    kept: set[str] = set()
-    for ins in entry[boundary:]:
-        for operand in ins.operands:
-            if operand in by_name and by_name[operand][0] < boundary:
-                kept.add(buffer(operand))
-    out: dict[Optional[str], int] = {}
-    for name in kept:
-        _, (_, shape, opcode, _, op_name) = by_name[name]
-        if (opcode in _NOT_ACTIVATIONS or shape.startswith("(")
-                or "transpose(jvp(" in op_name):  # a gradient, made early
-            continue
-        key = scope(name)
-        out[key] = out.get(key, 0) + _bytes(shape)
-    return out
 
 
 def row_of(scope: Optional[str], paths: Sequence[str], root: str
@@ -183,42 +175,14 @@ def row_of(scope: Optional[str], paths: Sequence[str], root: str
     return named[0] if len(named) == 1 else None
 
 
-def kept_by_row(kept: dict[Optional[str], int], paths: Sequence[str],
-                root: str) -> tuple[dict[str, int], int]:
-    """Charges each scope's bytes to its row (`row_of`).
-
-    Returns:
-        `(bytes per row path, bytes of no row)`.
-    """
-    rows: dict[str, int] = {}
-    rest = 0
-    for scope, size in kept.items():
-        row = row_of(scope, paths, root)
-        if row is None:
-            rest += size
-        else:
-            rows[row] = rows.get(row, 0) + size
-    return rows, rest
-
-
-@dataclasses.dataclass
-class LivePeak:
-    """The buffers live at the peak of a compiled step's schedule.
-
-    Attributes:
-        peak_bytes: the bytes live then (the training state and the batch,
-            which are parameters, not counted).
-        forward: name scope -> bytes live then, made by the forward pass
-            (`jvp(...)`); None: no scope found.
-        backward: the same, made by the backward pass (`transpose(jvp(...))`).
-        other: the same, made outside both (the optimizer's update, the
-            metrics), by their first name scope.
-    """
-
-    peak_bytes: int
-    forward: dict[Optional[str], int]
-    backward: dict[Optional[str], int]
-    other: dict[str, int]
+def _phase(op_name: str) -> str:
+    """`"backward"`, `"forward"`, `"other"` (the update, the metrics) or
+    `""` (no metadata)."""
+    if "transpose(jvp(" in op_name:
+        return "backward"
+    if "jvp(" in op_name:
+        return "forward"
+    return "other" if op_name else ""
 
 
 def _outer(op_name: str) -> str:
@@ -230,62 +194,210 @@ def _outer(op_name: str) -> str:
 @dataclasses.dataclass
 class _Buffer:
     """A buffer of the program: where it is made, its bytes, its maker's
-    op name, and the last instruction that reads it."""
+    op name, the last instruction that reads it, and its readers'
+    `(phase, scope)`."""
 
     made_at: int
     size: int
     op_name: str
     last_read: int
+    readers: set = dataclasses.field(default_factory=set)
 
 
-def live_at_peak(hlo: str) -> Optional[LivePeak]:
-    """Follows each buffer of the entry computation from the instruction
-    that makes it to its last reader (an alias's readers are its buffer's;
-    a tuple's elements live as long as any is read; the outputs to the
-    end), and returns what is live where the most bytes are; None where
-    the program has no backward pass."""
-    entry = _entry(hlo)
-    if not any("transpose(jvp(" in ins.op_name for ins in entry):
+@dataclasses.dataclass
+class Plan:
+    """A compiled train step's buffers, split (see `read_plan`).
+
+    Attributes:
+        kept: name scope -> bytes made by the forward pass and read by the
+            backward pass (None: no scope found), the loss's left out.
+        loss_kept: bytes live at the loss's peak (the most bytes of the
+            loss's buffers live at once) of its forward pass's buffers and
+            of those only the loss reads (the logits).
+        loss_grad: bytes of its backward pass's buffers live then (the
+            gradient of the logits).
+        peak_bytes: the most bytes live at once (the training state and
+            the batch, which are parameters, not counted).
+        passes_peak_bytes: the same, up to the backward pass's last
+            instruction.
+        peak_phase: where the peak is: `"forward"` or `"backward"` (the
+            pass of the last instruction of either at or before it), or
+            `"update"` (after the backward pass's last instruction: the
+            optimizer's update, the metrics).
+        update_bytes: what the update adds to the step's peak:
+            `peak_bytes - passes_peak_bytes`.
+        other_at_peak: outer name scope -> bytes made outside both passes
+            and live at the peak.
+    """
+
+    kept: dict[Optional[str], int]
+    loss_kept: int
+    loss_grad: int
+    peak_bytes: int
+    passes_peak_bytes: int
+    peak_phase: str
+    update_bytes: int
+    other_at_peak: dict[str, int]
+
+
+def _nearest(ins: Instruction, table: dict[str, Instruction]) -> str:
+    """The op name of `ins`, else of its nearest operand (breadth first)
+    in `table` that has one; `""` where none has."""
+    todo, done = [ins], set()
+    while todo:
+        current = todo.pop(0)
+        if current.name in done:
+            continue
+        done.add(current.name)
+        if current.op_name:
+            return current.op_name
+        todo.extend(table[o] for o in current.operands if o in table)
+    return ""
+
+
+def _resolved(computations: dict[str, list[Instruction]], entry: str
+              ) -> list[tuple[Instruction, list[str]]]:
+    """The entry's instructions, each with the op name of each buffer it
+    makes (one per tuple element): its own metadata, else its called
+    computation's root's (per element of a root tuple), else its nearest
+    operand's."""
+    instructions = computations.get(entry, [])
+    by_name = {ins.name: ins for ins in instructions}
+
+    def called(ins: Instruction, count: int) -> list[str]:
+        for callee in ins.calls:
+            body = computations.get(callee)
+            if not body:
+                continue
+            local = {i.name: i for i in body}
+            root = body[-1]
+            parts = ([local.get(o) for o in root.operands] if root.opcode == "tuple"
+                     else [root])
+            names = [_nearest(p, local) for p in parts if p is not None]
+            if len(names) == count:
+                return names
+            found = next((n for n in names if n), "") or next(
+                (i.op_name for i in body if i.op_name), "")
+            return [found] * count
+        return [""] * count
+
+    out: list[tuple[Instruction, list[str]]] = []
+    names: dict[str, list[str]] = {}
+    for ins in instructions:
+        count = len(_elements(ins.shape))
+        if ins.op_name:
+            op_names = [ins.op_name] * count
+        elif ins.calls:
+            op_names = called(ins, count)
+        elif ins.opcode == "get-tuple-element" and ins.operands:
+            source = names.get(ins.operands[0], [""])
+            op_names = [source[ins.index] if 0 <= ins.index < len(source)
+                        else source[0]]
+        else:
+            op_names = [""] * count
+        if not any(op_names) and ins.opcode not in _NOT_ACTIVATIONS:
+            near = next((n for o in ins.operands for n in names.get(o, ()) if n),
+                        "") or _nearest(ins, by_name)
+            op_names = [near] * count
+        names[ins.name] = op_names
+        out.append((ins, op_names))
+    return out
+
+
+def read_plan(hlo: str, is_loss: Callable[[Optional[str]], bool]
+              ) -> Optional[Plan]:
+    """Splits a compiled train step's optimized HLO text (see the module's
+    docstring).
+
+    Args:
+        hlo: the text (`compiled.as_text()`).
+        is_loss: whether a name scope is the loss's.
+
+    Returns:
+        The `Plan`, or None where the program has no backward pass.
+    """
+    computations, entry = _computations(hlo)
+    resolved = _resolved(computations, entry)
+    if not any(_phase(n) == "backward" for _, names in resolved for n in names):
         return None
     buffers: dict[str, list[str]] = {}  # instruction -> the buffers it names
-    made: dict[str, _Buffer] = {}  # by the instruction that makes it
-    for i, (name, shape, opcode, operands, op_name) in enumerate(entry):
-        if opcode in _ALIASES and operands:
-            buffers[name] = list(buffers.get(operands[0], ()))
-        elif opcode == "tuple":
-            buffers[name] = [b for o in operands for b in buffers.get(o, ())]
-        elif opcode in _NOT_ACTIVATIONS:
-            buffers[name] = []
+    made: dict[str, _Buffer] = {}
+    phases: list[str] = []
+    for i, (ins, op_names) in enumerate(resolved):
+        reader = {_phase(n) for n in op_names}
+        phase = ("backward" if "backward" in reader else "forward" if "forward"
+                 in reader else "other" if "other" in reader else "")
+        phases.append(phase)
+        if ins.opcode == "get-tuple-element" and ins.operands:
+            source = buffers.get(ins.operands[0], [])
+            buffers[ins.name] = ([source[ins.index]] if 0 <= ins.index < len(source)
+                                 else list(source))
+        elif ins.opcode in _ALIASES and ins.operands:
+            buffers[ins.name] = list(buffers.get(ins.operands[0], ()))
+        elif ins.opcode.endswith("-done") and ins.operands:
+            # An asynchronous pair's result: the start's second element.
+            source = buffers.get(ins.operands[0], [])
+            buffers[ins.name] = source[1:2] or list(source)
+        elif ins.opcode == "tuple":
+            buffers[ins.name] = [b for o in ins.operands for b in buffers.get(o, ())]
+        elif ins.opcode in _NOT_ACTIVATIONS:
+            buffers[ins.name] = []
         else:
-            buffers[name] = [name]
-            made[name] = _Buffer(i, _bytes(shape), op_name, i)
-        for operand in operands:
+            shapes = _elements(ins.shape)
+            buffers[ins.name] = [f"{ins.name}#{k}" for k in range(len(shapes))]
+            for k, shape in enumerate(shapes):
+                # An asynchronous start's first element is its operands:
+                # other buffers, not bytes of its own.
+                start = ins.opcode.endswith("-start") and k == 0
+                size = 0 if start or shape.startswith("(") else _bytes(shape)
+                made[f"{ins.name}#{k}"] = _Buffer(i, size, op_names[k], i)
+        for operand in ins.operands:
             for b in buffers.get(operand, ()):
                 made[b].last_read = i
-    for b in buffers.get(entry[-1].name, ()) if entry else ():
-        made[b].last_read = len(entry)
-    change = [0] * (len(entry) + 2)
+                made[b].readers.update((_phase(n), _scope(n)) for n in op_names)
+    for b in buffers.get(resolved[-1][0].name, ()):
+        made[b].last_read = len(resolved)
+    n = len(resolved) + 2
+    change, loss_change, grad_change = [0] * n, [0] * n, [0] * n
+    kept: dict[Optional[str], int] = {}
     for buffer in made.values():
         change[buffer.made_at] += buffer.size
         change[buffer.last_read + 1] -= buffer.size
-    live = peak = peak_at = 0
-    for i, delta in enumerate(change):
-        live += delta
+        phase, scope = _phase(buffer.op_name), _scope(buffer.op_name)
+        passes = {(p, s) for p, s in buffer.readers if p in ("forward", "backward")}
+        if phase == "backward" and is_loss(scope):
+            into = grad_change
+        elif phase == "forward" and (is_loss(scope) or passes and all(
+                is_loss(s) for _, s in passes)):
+            into = loss_change  # the loss's, or what only the loss reads
+        else:
+            if phase == "forward" and any(p == "backward" for p, _ in passes):
+                kept[scope] = kept.get(scope, 0) + buffer.size
+            continue
+        into[buffer.made_at] += buffer.size
+        into[buffer.last_read + 1] -= buffer.size
+    # The update: what runs after the backward pass's last instruction.
+    last_backward = max(i for i, p in enumerate(phases) if p == "backward")
+    live = loss_live = grad_live = peak = peak_at = passes_peak = 0
+    loss_kept = loss_grad = 0
+    for i in range(len(resolved)):
+        live += change[i]
+        loss_live += loss_change[i]
+        grad_live += grad_change[i]
+        if loss_live + grad_live >= loss_kept + loss_grad:  # ties: the later
+            loss_kept, loss_grad = loss_live, grad_live
         if live > peak:
             peak, peak_at = live, i
-    forward: dict[Optional[str], int] = {}
-    backward: dict[Optional[str], int] = {}
+        if i <= last_backward:
+            passes_peak = max(passes_peak, live)
     other: dict[str, int] = {}
     for buffer in made.values():
-        if not buffer.made_at <= peak_at <= buffer.last_read:
-            continue
-        size, op_name = buffer.size, buffer.op_name
-        scope = _scope(op_name)
-        if "transpose(jvp(" in op_name:
-            backward[scope] = backward.get(scope, 0) + size
-        elif "jvp(" in op_name:
-            forward[scope] = forward.get(scope, 0) + size
-        else:
-            key = _outer(op_name)
-            other[key] = other.get(key, 0) + size
-    return LivePeak(peak, forward, backward, other)
+        if (_phase(buffer.op_name) == "other"
+                and buffer.made_at <= peak_at <= buffer.last_read):
+            key = _outer(buffer.op_name)
+            other[key] = other.get(key, 0) + buffer.size
+    phase = "update" if peak_at > last_backward else next(
+        (p for p in reversed(phases[:peak_at + 1]) if p in ("forward", "backward")),
+        "forward")
+    return Plan(kept, loss_kept, loss_grad, peak, passes_peak, phase,
+                max(peak - passes_peak, 0), other)

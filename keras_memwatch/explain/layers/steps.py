@@ -3,9 +3,10 @@ own (the loss, the optimizer update).
 
 - PyTorch (`"measured"`): one real step of `fit` under `torch_saved`; the
   update's buffers from the device's peak while `optimizer.apply` runs.
-- JAX (`"plan"`): XLA's compiled step; the layers keep what `jax_plan`
-  finds kept across the forward/backward boundary, the loss and the update
-  hold what is live in their name scopes at the plan's peak.
+- JAX (`"plan"`): XLA's compiled step; the layers keep the forward
+  buffers their backward pass reads (`jax_plan.read_plan`), the loss what
+  only its backward pass reads and its gradient, the update what it adds
+  to the forward and backward passes' peak.
 - TensorFlow (`"shapes"`): the loss row from the model's outputs' shape
   and dtype.
 """
@@ -110,15 +111,7 @@ def torch_step(model: Any, batch: tuple[Any, Any], expand_nested: bool,
     words = ("one real step: " + ("the CUDA allocator's" if device.on_gpu else
                                   "the host's resident") +
              " peak less the memory in use before it")
-    loss = StepRow(
-        LOSS, saved.loss_saved + saved.outputs_held, saved.loss_grad or 0,
-        "measured", _shapes_text(saved.outputs),
-        measured_backward_bytes=saved.loss_backward,
-        note=(f"the model's outputs the step holds for its metrics "
-              f"({format_bytes(saved.outputs_held)}), what the loss saved "
-              f"({format_bytes(saved.loss_saved)}), the largest gradients of one "
-              "of the loss's operations; the logits are here, not in the layer "
-              "that computes them"))
+    loss = _torch_loss(saved)
     rows = [loss, _torch_update(update, before)]
     table = by_layer_table(model, saved.rows, saved.saved, "measured", working,
                            words, forward=saved.forward, backward=saved.backward,
@@ -128,6 +121,31 @@ def torch_step(model: Any, batch: tuple[Any, Any], expand_nested: bool,
         saved_bytes=sum(saved.saved.values()) + saved.outside,
         held_at_backward_bytes=None if current is None else current - in_use)
     return table
+
+
+def _torch_loss(saved: Any) -> StepRow:
+    """The loss's row: the outputs the step holds and what the loss saved
+    (on a CUDA device, what its call left allocated where that is more),
+    and its gradients (on a CUDA device, its backward pass's peak where
+    that is more than the gradients its nodes' hooks saw)."""
+    kept, grad = saved.loss_saved, saved.loss_grad or 0
+    words = [f"the model's outputs the step holds for its metrics "
+             f"({format_bytes(saved.outputs_held)}), what the loss saved "
+             f"({format_bytes(saved.loss_saved)}), the largest gradients of one of "
+             f"the loss's operations ({format_bytes(grad)})"]
+    if saved.loss_forward is not None and saved.loss_forward > kept:
+        words.append(f"its call left {format_bytes(saved.loss_forward)} allocated, "
+                     "more than it saved: the row holds that")
+        kept = saved.loss_forward
+    if saved.loss_backward is not None and saved.loss_backward > grad:
+        words.append(f"its backward pass's peak, {format_bytes(saved.loss_backward)}"
+                     ", is more than its nodes' gradients: the row holds that")
+        grad = saved.loss_backward
+    words.append("the logits are here, not in the layer that computes them")
+    return StepRow(LOSS, kept + saved.outputs_held, grad, "measured",
+                   _shapes_text(saved.outputs),
+                   measured_backward_bytes=saved.loss_backward,
+                   note="; ".join(words))
 
 
 def _torch_update(update: dict[str, Optional[int]], before: list[int]) -> StepRow:
@@ -159,20 +177,23 @@ def jax_step(model: Any, batch: tuple[Any, Any], size: int,
     working = max(xla_plan.planned_bytes(compiled) - state_bytes, 0)
     words = "XLA's compiled plan of fit's step beyond the training state"
     shapes = {id(r.layer): output_bytes(r) for r in rows}
+    paths = [r.path for r in rows]
+
+    def is_loss(scope: Optional[str]) -> bool:
+        return (scope is not None and jax_plan.row_of(scope, paths, model.name) is None
+                and "loss" in scope.split("/", 1)[0])
+
     try:
-        text = compiled.as_text()
-        kept = jax_plan.kept_by_scope(text)
-        live = jax_plan.live_at_peak(text)
+        plan = jax_plan.read_plan(compiled.as_text(), is_loss)
     except Exception:  # an HLO text this parser does not know: shapes instead
-        kept, live = {}, None
-    if not kept or live is None:
+        plan = None
+    if plan is None:
         return by_layer_table(model, rows, shapes_activations(rows, outputs),
                               "shapes", working, words, rest_source="plan",
                               step_rows=[shapes_loss_row(outputs)])
-    paths = [r.path for r in rows]
     by_path: dict[str, int] = {}
     random: dict[str, int] = {}
-    for scope, bytes_ in kept.items():
+    for scope, bytes_ in plan.kept.items():
         row = jax_plan.row_of(scope, paths, model.name)
         if row is not None:
             by_path[row] = by_path.get(row, 0) + bytes_
@@ -184,10 +205,15 @@ def jax_step(model: Any, batch: tuple[Any, Any], size: int,
                                     random.get(r.path, 0), working,
                                     r.path in blocks or not _composite(r.layer))
              for r in rows}
-    step_rows = _jax_step_rows(model, live, paths, working)
+    step_rows = _jax_step_rows(model, plan, working)
     step_rows[0].output_shape = _shapes_text(outputs)
-    return by_layer_table(model, rows, activations, "plan", working, words,
-                          rest_source="plan", step_rows=step_rows, notes=notes)
+    table = by_layer_table(model, rows, activations, "plan", working, words,
+                           rest_source="plan", step_rows=step_rows, notes=notes)
+    table.attrs.update(peak_phase=plan.peak_phase,
+                       kept_bytes=sum(plan.kept.values()) + plan.loss_kept,
+                       unowned_kept_bytes=sum(plan.kept.values())
+                       - sum(by_path.values()))
+    return table
 
 
 def _composite(layer: Any) -> bool:
@@ -217,29 +243,27 @@ def _jax_note(kept: int, outputs: int, random: int, working: int, own: bool
     return "; ".join(notes)
 
 
-def _jax_step_rows(model: Any, live: Any, paths: list[str], working: int
-                   ) -> list[StepRow]:
-    """The loss's and the update's rows from the buffers live at the peak."""
-    from keras_memwatch.explain.layers.jax_plan import row_of
-
-    def loss_scope(scope: Optional[str]) -> bool:
-        return (scope is not None and row_of(scope, paths, model.name) is None
-                and "loss" in scope.split("/", 1)[0])
-
-    kept = sum(b for s, b in live.forward.items() if loss_scope(s))
-    grad = sum(b for s, b in live.backward.items() if loss_scope(s))
+def _jax_step_rows(model: Any, plan: Any, working: int) -> list[StepRow]:
+    """The loss's and the update's rows of a `jax_plan.Plan`."""
     name = getattr(model.optimizer, "name", None)
-    update = live.other.get(name, 0) if name else 0
+    in_update = plan.other_at_peak.get(name, 0) if name else 0
+    if plan.update_bytes > 0.01 * working:
+        words = (f"the plan's peak is in the update: it adds "
+                 f"{format_bytes(plan.update_bytes)} to the forward and backward "
+                 f"passes' peak ({format_bytes(in_update)} of the optimizer's own "
+                 "buffers live then); the layers' rows still hold what they keep "
+                 "for the backward pass")
+    else:
+        words = ("the plan's peak comes before the update: it adds (next to) "
+                 "nothing to the step's")
     return [
-        StepRow(LOSS, kept, grad, "plan",
-                note="the loss's buffers live at the plan's peak: made by its "
-                     "forward pass (log-softmax of the logits) and by its "
-                     "backward pass (their gradient)"),
-        StepRow(UPDATE, 0, 0, "plan", extra_bytes=update,
-                note=("the update's buffers live at the plan's peak"
-                      if update > 0.01 * working else
-                      "the plan's peak comes before the update: it adds "
-                      "(next to) nothing to the step's"))]
+        StepRow(LOSS, plan.loss_kept, plan.loss_grad, "plan",
+                note="what only the loss's backward pass reads of the forward "
+                     "pass (the logits, their log-softmax or its statistics) and "
+                     "the most bytes of its backward pass live at once (the "
+                     "gradient of the logits); the logits are here, not in the "
+                     "layer that computes them"),
+        StepRow(UPDATE, 0, 0, "plan", extra_bytes=plan.update_bytes, note=words)]
 
 
 def tensorflow_step(model: Any, batch: tuple[Any, Any]

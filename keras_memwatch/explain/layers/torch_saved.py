@@ -60,6 +60,8 @@ class SavedBytes:
         loss_grad: the largest bytes of gradients in and out of one of the
             loss's autograd nodes, or None where no loss ran.
         outputs: the `(shape, dtype)` of the outputs the loss received.
+        loss_forward: on a CUDA device, the bytes the loss's call left
+            allocated (what it keeps, its scalar); None elsewhere.
         loss_backward: on a CUDA device, the allocator's peak from the
             start of the backward pass to the start of the first layer's,
             less what was allocated as it began; None elsewhere.
@@ -76,6 +78,7 @@ class SavedBytes:
     loss_grad: Optional[int] = None
     outputs: tuple = ()
     loss_backward: Optional[int] = None
+    loss_forward: Optional[int] = None
 
 
 def _storage(tensor: Any) -> tuple[int, int]:
@@ -109,18 +112,24 @@ class _LossWatch:
         self.model, self.running, self.grad = model, False, None
         self.on_backward = on_backward
         self.y_pred: list[Any] = []
+        self.forward: Optional[int] = None  # CUDA: allocated by its call
         self._before = vars(model).get("compute_loss")
 
     def __enter__(self) -> "_LossWatch":
         original = self.model.compute_loss
 
         def compute_loss(*args: Any, **kwargs: Any) -> Any:
+            import torch
+
             y_pred = kwargs.get("y_pred", args[2] if len(args) > 2 else None)
+            start = torch.cuda.memory_allocated() if torch.cuda.is_available() else None
             self.running = True
             try:
                 loss = original(*args, **kwargs)
             finally:
                 self.running = False
+            if start is not None:
+                self.forward = torch.cuda.memory_allocated() - start
             self.y_pred = _tensors(y_pred)
             self._hook(loss)
             return loss
@@ -311,4 +320,5 @@ def measure_saved(model: Any, run: Callable[[], None],
         loss_backward=backward.pop(_LOSS_KEY, None),
         loss_saved=loss_saved[0],
         outputs_held=sum(size for pointer, size in held if pointer not in seen),
-        loss_grad=loss.grad, outputs=signature(loss.y_pred) or ())
+        loss_grad=loss.grad, outputs=signature(loss.y_pred) or (),
+        loss_forward=loss.forward)
