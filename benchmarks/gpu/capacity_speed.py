@@ -16,7 +16,7 @@ Each part prints its line as it ends, then a table and one JSON line:
 
     KERAS_BACKEND=jax python3 -m benchmarks.gpu.capacity_speed gpt2 --limit-mb 8192
     KERAS_BACKEND=jax python3 -m benchmarks.gpu.capacity_speed gpt2_tiny --limit-mb 0 \
-        --fit-size 8 --max-seconds 20  # the CPU: checks that it runs
+        --fit-size 8 --method xla  # the CPU: XLA's plans, and the stored record
 
 Models: `benchmarks.models` (`gpt2`: keras-hub GPT-2 base, sequence 256,
 AdamW). `--skip-uncached-fit` leaves out the longest part.
@@ -44,7 +44,7 @@ def _setup(limit_mb: float, cache: Optional[str]) -> None:
 
 
 def cold(name: str, limit_mb: float, cache: str, headroom: float,
-         max_seconds: Optional[float]) -> dict[str, Any]:
+         max_seconds: Optional[float], method: str = "auto") -> dict[str, Any]:
     """The estimate, then one compilation as `fit` compiles it at the answer."""
     _setup(limit_mb, cache)
     from benchmarks.models import build, data
@@ -55,11 +55,12 @@ def cold(name: str, limit_mb: float, cache: str, headroom: float,
     began = time.perf_counter()
     est = estimate_max_batch_size(model, x, y, headroom=headroom,
                                   compilation_cache=cache, max_seconds=max_seconds,
-                                  verbose=2)
+                                  verbose=2, method=method)
     return _answers(est, time.perf_counter() - began)
 
 
-def warm(name: str, limit_mb: float, cache: str, headroom: float) -> dict[str, Any]:
+def warm(name: str, limit_mb: float, cache: str, headroom: float,
+         method: str = "auto") -> dict[str, Any]:
     _setup(limit_mb, cache)
     from benchmarks.models import build, data
     from keras_memwatch import estimate_max_batch_size
@@ -68,7 +69,7 @@ def warm(name: str, limit_mb: float, cache: str, headroom: float) -> dict[str, A
     x, y = data(name, 8)
     began = time.perf_counter()
     est = estimate_max_batch_size(model, x, y, headroom=headroom,
-                                  compilation_cache=cache, verbose=2)
+                                  compilation_cache=cache, verbose=2, method=method)
     return _answers(est, time.perf_counter() - began)
 
 
@@ -163,6 +164,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--cache", default=None,
                         help="the cache directory (default: a new temporary one)")
     parser.add_argument("--skip-uncached-fit", action="store_true")
+    parser.add_argument("--method", default="auto",
+                        help="the estimate's method (`xla` shows XLA's plans on the CPU)")
     parser.add_argument("--fit-size", type=int, default=0,
                         help="train this batch instead of the answer (on the CPU, "
                              "where the answer is the host's)")
@@ -173,11 +176,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.part == "cold":
         print(json.dumps(cold(args.model, args.limit_mb, args.cache, args.headroom,
-                              args.max_seconds)), flush=True)
+                              args.max_seconds, args.method)), flush=True)
         return 0
     if args.part == "warm":
-        print(json.dumps(warm(args.model, args.limit_mb, args.cache, args.headroom)),
-              flush=True)
+        print(json.dumps(warm(args.model, args.limit_mb, args.cache, args.headroom,
+                              args.method)), flush=True)
         return 0
     if args.part == "fit":
         print(json.dumps(first_step(args.model, args.limit_mb,
@@ -186,7 +189,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     cache = args.cache or tempfile.mkdtemp(prefix="keras_memwatch_jax_cache_")
     common = [args.model, "--limit-mb", str(args.limit_mb), "--cache", cache,
-              "--headroom", str(args.headroom)]
+              "--headroom", str(args.headroom), "--method", args.method]
     if args.max_seconds:
         common += ["--max-seconds", str(args.max_seconds)]
     results: dict[str, Any] = {"model": args.model, "limit_mb": args.limit_mb,

@@ -258,12 +258,13 @@ class Evidence:
 
     @property
     def recomputes_from(self) -> Optional[int]:
-        """The smallest compiled size whose plan lies `RECOMPUTE` or more
-        under the small-batch line: there XLA recomputes activations to
-        fit, and steps run slower."""
+        """The smallest checked size (off the ladder) whose plan lies
+        `RECOMPUTE` or more under the small-batch line: there XLA recomputes
+        activations to fit, and steps run slower."""
         line = self.line
         plans = sorted((o.batch_size, o.need_bytes) for o in self.observations
-                       if o.how == PLAN and o.ran and o.need_bytes is not None)
+                       if o.how == PLAN and o.ran and o.need_bytes is not None
+                       and not o.ladder)
         if line is None or not plans:
             return None
         for b, need in plans:

@@ -9,7 +9,7 @@ does it run?"; this module decides which b to ask about:
    there in two gets the sizes in between). It never tries a size the
    sizes before it say would need more than `SAFE` of the room, nor one
    whose own arrays would take more than `HOST_BATCH` of the host's
-   available memory; on the host it stops after a size slower than
+   available memory; on the host it stops after a step slower than
    `SLOW_S` (the answer then says how far beyond the ladder it lies).
 2. On a GPU, the checks: the answer under the headroom and, where sizes
    above the limit may be tried (XLA's plans, or an allocator's cap), the
@@ -211,7 +211,10 @@ class Search:
             if failed:
                 self.stopped = f"batch {min(failed)} ran out of memory"
                 break
-            if not self.on_gpu and max(o.seconds for o in made) > SLOW_S:
+            # a slow step on the host stops the ladder; a slow compilation
+            # of a plan (never run) does not
+            if not self.on_gpu and self.strategy.how != PLAN and \
+                    max(o.seconds for o in made) > SLOW_S:
                 self.stopped = (f"batch {max(queue)} took "
                                 f"{max(o.seconds for o in made):.1f} s")
                 break

@@ -71,6 +71,15 @@ def test_compiled_plans_follow_xla_recomputing_activations():
     assert ev.line_batch_size_for(0.0) == 911
 
 
+def test_plans_on_the_ladder_never_say_xla_recomputes():
+    # the host's plans: batch 1 lies under the line through the ladder (its
+    # constant part is shared), which says nothing of recomputation
+    ev = evidence(Observation(1, 20 * MIB, PLAN, ladder=True),
+                  Observation(8, 200 * MIB, PLAN, ladder=True),
+                  Observation(64, 1500 * MIB, PLAN, ladder=True))
+    assert ev.recomputes_from is None
+
+
 def test_aimed_plans_only_draw_the_line():
     ev = evidence(*ladder(how=AIMED), Observation(2000, 20 * GIB, AIMED))
     assert ev.batch_size_for(0.0) == 911
