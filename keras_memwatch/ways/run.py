@@ -234,7 +234,7 @@ def _accumulation(model: Any, b: int, as_is: Measured, account: T.Account) -> in
     if b < 2:
         return 1
     slot = variable_bytes(model.trainable_variables)
-    evidence = as_is.evidence(account.base + slot, account.limit)
+    evidence = as_is.evidence(account.base, account.limit, slot)
     largest = evidence.batch_size_for(account.headroom) if account.limit else None
     k = 2
     while largest is not None and k * 2 <= b and b // k > largest:
