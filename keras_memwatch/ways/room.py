@@ -3,8 +3,9 @@ that a run of the variant alone would not, and the allocator cap widened
 by it where the cap can move.
 
 While a variant is measured, the user's model (or its optimizer) stays in
-memory beside it: a rebuilt model's original keeps its weights, slots and
-metrics; a new optimizer's predecessor keeps its slots. A run of the
+memory beside it: a rebuilt model's original keeps its weights, slots,
+metrics and (PyTorch) the gradients of its last step; a new optimizer's
+predecessor keeps its slots. A run of the
 variant alone holds none of it. On PyTorch with a GPU under a
 per-process cap (`torch.cuda.set_per_process_memory_fraction`, which can
 move at any time), the cap is raised by those bytes while the variant is
@@ -22,7 +23,7 @@ from typing import Any, Optional
 
 from keras_memwatch.variables import unique_variables, variable_bytes
 
-__all__ = ["held_bytes", "state_variables", "widened"]
+__all__ = ["gradient_bytes", "held_bytes", "state_variables", "widened"]
 
 #: The widened cap stays this far under the device's total: a fraction of
 #: 1 reads as no cap at all.
@@ -42,6 +43,17 @@ def held_bytes(held: list[Any], used: list[Any]) -> int:
     process keeps that a run with only `used` would not."""
     ids = {id(v) for v in used}
     return variable_bytes(v for v in held if id(v) not in ids)
+
+
+def gradient_bytes(model: Any) -> int:
+    """Bytes of the gradients a PyTorch model's parameters keep from its
+    last step (0 on other backends, which keep none)."""
+    total = 0
+    for variable in model.trainable_variables:
+        grad = getattr(getattr(variable, "value", None), "grad", None)
+        if grad is not None:
+            total += int(grad.numel()) * int(grad.element_size())
+    return total
 
 
 @contextlib.contextmanager

@@ -23,9 +23,8 @@ The model's compiled train function is set aside and put back, so that
 nothing the user compiled is traced again. Weights and optimizer state
 are put back by the caller (`measure.model_state.ModelState`). What the
 user's model keeps in memory beside the variant (a rebuilt model's
-original, a replaced optimizer's slots) is counted (`Variant.held_bytes`,
-`room`); a rebuilt model's original drops its gradients (PyTorch), which
-the caller puts back too.
+original with the gradients PyTorch keeps from its last step, a replaced
+optimizer's slots) is counted (`Variant.held_bytes`, `room`).
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from collections.abc import Iterator
 from typing import Any, Optional
 
 from keras_memwatch.measure.batches import Batches
-from keras_memwatch.ways.room import held_bytes, state_variables
+from keras_memwatch.ways.room import gradient_bytes, held_bytes, state_variables
 
 #: The optimizers of the optimizer lever, by name.
 OPTIMIZERS = ("adafactor", "sgd")
@@ -209,15 +208,6 @@ def shortened(data: Batches, length: int) -> Batches:
                    None if data.y is None else keras.tree.map_structure(cut, data.y))
 
 
-def _drop_gradients(model: Any) -> None:
-    """Frees the gradients a PyTorch model's parameters keep from its last
-    step (the model is not stepped while another is measured)."""
-    for variable in model.trainable_variables:
-        tensor = getattr(variable, "value", None)
-        if getattr(tensor, "grad", None) is not None:
-            tensor.grad = None
-
-
 @contextlib.contextmanager
 def realized(model: Any, data: Batches, batch_size: int,
              setting: Setting) -> Iterator[Variant]:
@@ -250,12 +240,12 @@ def realized(model: Any, data: Batches, batch_size: int,
                 layer._remat_mode = mode
         if target is model:
             target.train_function = None
-        if target is not model:
-            _drop_gradients(model)
         shown = shortened(data, setting.sequence) if setting.sequence else data
         held = held_bytes(state_variables(model, saved_optimizer if target is model
                                           else model.optimizer),
                           state_variables(target, target.optimizer))
+        if target is not model:
+            held += gradient_bytes(model)
         yield Variant(target, shown, max(1, batch_size // setting.accumulation), held)
     finally:
         if target is model:
