@@ -125,7 +125,7 @@ def on_fake_gpu(monkeypatch, cap_room, widens):
     table = ways_to_fit(model, x, y, batch_size=WANTED, headroom=0.0,
                         levers=["mixed_precision", "sgd_momentum"],
                         combinations=False)
-    return model, gpu, table.set_index("lever")
+    return model, gpu, table
 
 
 @pytest.mark.parametrize("widens", [True, False], ids=["cap widened", "cap fixed"])
@@ -134,7 +134,8 @@ def test_each_row_reads_its_own_need_and_none_lies_above_the_variant_alone(
     # The model as it is fits 224 of the 256 wanted, and the line through
     # the peaks that ran puts 256 under the room: the steps' true need is
     # more than their peaks. bfloat16 steps need half.
-    model, gpu, table = on_fake_gpu(monkeypatch, 14 * MIB, widens)
+    model, gpu, frame = on_fake_gpu(monkeypatch, 14 * MIB, widens)
+    table = frame.set_index("lever")
     slot = variable_bytes(model.trainable_variables)
     state = measure.state_bytes(model)
     sgd_state = state - slot  # one slot less (and its counters)
@@ -161,7 +162,10 @@ def test_each_row_reads_its_own_need_and_none_lies_above_the_variant_alone(
         assert largest <= truth, (lever, largest, truth)
         if widens or lever == "as is":
             assert largest >= 0.97 * truth, (lever, largest, truth)
+    held = state + room.gradient_bytes(model)  # beside the rebuilt model
+    assert frame.attrs["held_bytes"]["mixed_precision"] == (
+        held, held if widens else 0)
+    assert frame.attrs["held_bytes"]["as is"] == (0, 0)
     if not widens:  # read in the room its steps met: the user's state beside
-        held = state + room.gradient_bytes(model)
         assert table.loc["mixed_precision", "largest_batch"] <= (
             space - state - held) // (32 * KIB)
