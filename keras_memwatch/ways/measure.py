@@ -110,7 +110,9 @@ class Measured:
         (`LINE`). Where sizes failed, the largest seen to fit counts as
         needing the whole room (as `Evidence` reads it), so a device batch
         that ran out of memory reads what the line, scaled to where the
-        room ran out, puts there: never the room itself."""
+        room ran out, puts there, not the room that every variant out of
+        memory shares (the room only where nothing below it ran: a lower
+        bound, and `how` says so)."""
         b = self.device_batch
         seen = [o for o in self.observations if o.batch_size == b and o.ran
                 and o.need_bytes is not None]
@@ -138,8 +140,7 @@ class Measured:
 
 def state_bytes(model: Any) -> int:
     """Bytes of a compiled, built model's training state."""
-    return variable_bytes(list(model.variables) + list(model.optimizer.variables)
-                          + list(model.metrics_variables))
+    return variable_bytes(room.state_variables(model, model.optimizer))
 
 
 def sizes_for(batch: int, host_largest: Optional[int], spare: bool = False
