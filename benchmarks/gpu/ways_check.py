@@ -43,6 +43,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     from benchmarks.models import build, data
     from keras_memwatch.explain.ways_text import format_ways
+    from keras_memwatch.units import format_bytes
     from keras_memwatch.ways import ways_to_fit
 
     model = build(args.model)
@@ -59,9 +60,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     print(format_ways(table), flush=True)
     with pd.option_context("display.width", 200, "display.max_columns", 10):
         print(table.drop(columns=["change", "notes"]).to_string(index=False))
+    print("\nThe user's state held beside each variant while it was measured, and "
+          "what the allocator's cap was widened by for it:")
+    for lever, (held, widened) in table.attrs["held_bytes"].items():
+        print(f"  {lever}: {format_bytes(held)} held, cap widened by "
+              f"{format_bytes(widened)}")
     return {"model": args.model, "backend": keras.backend.backend(),
             "limit_mb": args.limit_mb, "batch": args.batch, "seconds": seconds,
             "settings": table.attrs["settings"],
+            "held_bytes": table.attrs["held_bytes"],
             "table": json.loads(table.to_json(orient="records"))}
 
 

@@ -30,6 +30,9 @@ class Situation:
             as `keras.RematScope` matches them), or why none are known.
         accumulation: the gradient accumulation steps to measure.
         settings: each measured row's setting, by its lever.
+        rooms: each measured row's `(held_bytes, widened_bytes)`: the
+            user's state held beside its variant, and what the cap was
+            widened by (`room`).
     """
 
     model: Any
@@ -40,6 +43,7 @@ class Situation:
     heavy_layers: Any = ()
     accumulation: int = 2
     settings: dict = dataclasses.field(default_factory=dict)
+    rooms: dict = dataclasses.field(default_factory=dict)
 
     @property
     def optimizer_name(self) -> str:

@@ -2,29 +2,30 @@
 
 Each variant (`variant.Variant`) is measured by the capacity package's
 strategies: XLA's plans of the step on JAX (compiled, never run: the
-device batch as `fit` compiles it, half of it as the capacity ladder
-does), and a few real steps for the time; real steps of
-`fit` on PyTorch and TensorFlow (the allocator's peak on a GPU, the
-host's peak resident memory on a CPU). On JAX the plan serves on the
+device batch and half of it, both as `fit` compiles them, side by side),
+and a few real steps for the time (at a size compiled already); real
+steps of `fit` on PyTorch and TensorFlow (the allocator's peak on a GPU,
+the host's peak resident memory on a CPU). On JAX the plan serves on the
 host too: the host's resident memory keeps what an earlier variant
 freed, so variants measured one after another by it do not compare
-(`docs/ways-to-fit.md`). The sizes
-asked about are the device batch and half of it (the line through them
-reaches the sizes beyond). On PyTorch and TensorFlow
-with a GPU, the capacity search then checks the answer near the limit,
-as it checks an estimate's (`capacity.search.Search`).
+(`docs/ways-to-fit.md`). The sizes asked about are the device batch and
+half of it (the line through them reaches the sizes beyond). On PyTorch
+and TensorFlow with a GPU, the capacity search then checks the answer
+near the limit, as it checks an estimate's (`capacity.search.Search`).
 
 One account serves every variant, so that they compare: the memory in use
 apart from the model's training state (the runtime, other buffers) is
-read once, from the model as it is (`base_bytes`), and each variant's
-record has its own training state (weights, optimizer slots, metrics)
-added to that. A variant's state is counted from its variables, not read
-from the device, where the original model's state is still held.
+read once, from the model as it is (`base_bytes`), and a planned
+variant's record has its own training state (counted from its variables)
+added to that. Real steps on a GPU ran in a room of their own: the user's
+model held beside the variant (`room`), less what the cap was widened by
+(PyTorch). Their record is read in that room, where its steps ran and
+ran out of memory, so that no answer lies above what the variant alone
+fits.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import time
 from typing import Any, Callable, Optional
@@ -36,6 +37,7 @@ from keras_memwatch.measure.host_memory import host_available_bytes
 from keras_memwatch.measure.model_state import build_for_training
 from keras_memwatch.capacity.search import Search, host_largest_batch
 from keras_memwatch.variables import variable_bytes
+from keras_memwatch.ways import room
 from keras_memwatch.ways.variant import Variant
 
 #: How a need was obtained, in the table's `how` column.
@@ -61,6 +63,11 @@ class Measured:
         seconds_per_sample: a measured step's time over its batch, or `None`.
         how: `MEASURED` (real steps) or `PLANNED` (XLA's plans).
         on_gpu: whether the device measured is a GPU.
+        held_bytes: the user's training state held beside the variant that
+            a run of it alone would not hold (`room.held_bytes`).
+        widened_bytes: what the allocator's cap was raised by while the
+            variant was measured (`room.widened`); `limit_bytes` is the
+            cap before.
     """
 
     observations: tuple[Observation, ...]
@@ -72,33 +79,68 @@ class Measured:
     seconds_per_sample: Optional[float]
     how: str
     on_gpu: bool = False
+    held_bytes: int = 0
+    widened_bytes: int = 0
 
-    def evidence(self, base_bytes: int, limit_bytes: Optional[int]) -> Evidence:
-        """The record as if this variant alone trained: `base_bytes` (in use
-        apart from any model's state) plus its own state in use."""
-        return Evidence(self.observations, limit_bytes, base_bytes + self.state_bytes)
+    @property
+    def ran_steps(self) -> bool:
+        """Whether real steps ran on a GPU: the record's failures are real,
+        in the room the steps met."""
+        return self.on_gpu and self.how == MEASURED
+
+    def evidence(self, base_bytes: int, limit_bytes: Optional[int],
+                 extra_bytes: int = 0) -> Evidence:
+        """The record under `limit_bytes`, with `extra_bytes` more in use.
+
+        Real steps on a GPU are read in the room they ran in: the memory
+        in use when they ran, less what the cap was widened by (the
+        user's state held beside the variant, where the cap could not
+        widen, stays counted: the answers err low). Plans and the host's
+        steps are read as if the variant alone trained: `base_bytes` (in
+        use apart from any model's state) plus its own state.
+        """
+        in_use = (self.in_use_bytes - self.widened_bytes if self.ran_steps
+                  else base_bytes + self.state_bytes)
+        return Evidence(self.observations, limit_bytes, in_use + extra_bytes)
 
     def step_bytes(self, evidence: Evidence) -> tuple[Optional[int], str]:
-        """A step's need at the device batch and how it is known: measured
-        where the size was, else read off the record (`LINE`)."""
+        """A step's need at the device batch and how it is known (the
+        table's `how`): measured where the size ran; else the line through
+        the record, times its ratio at the nearest size that did not fail
+        (`LINE`). Where sizes failed, the largest seen to fit counts as
+        needing the whole room (as `Evidence` reads it), so a device batch
+        that ran out of memory reads what the line, scaled to where the
+        room ran out, puts there, not the room that every variant out of
+        memory shares (the room only where nothing below it ran: a lower
+        bound, and `how` says so)."""
         b = self.device_batch
         seen = [o for o in self.observations if o.batch_size == b and o.ran
                 and o.need_bytes is not None]
         if seen:
             return max(o.need_bytes for o in seen), self.how
+        failed = evidence.smallest_failure
+        out = failed is not None and failed <= b
+        how = (f"{LINE} (batch {b} ran out of memory; read off the sizes that "
+               "ran)" if out else f"{LINE} (batch {b} read off the sizes measured)")
         needs = evidence.needs()
         line = evidence.line
         if not needs or line is None:
-            return None, LINE
-        nearest_b, nearest = min(needs, key=lambda p: abs(p[0] - b))
+            return None, how
+        fitted = {o.batch_size for o in self.observations if not evidence.failed(o)}
+        points = [(size, need) for size, need in needs if size in fitted] or needs
+        nearest_b, nearest = min(points, key=lambda p: abs(p[0] - b))
         ratio = nearest / line(nearest_b) if line(nearest_b) > 0 else 1.0
-        return int(round(line(b) * ratio)), LINE
+        need = int(round(line(b) * ratio))
+        if out and evidence.limit_bytes is not None and need <= evidence.room(0.0):
+            return int(evidence.room(0.0)) + 1, (
+                f"at least (batch {b} ran out of memory; the sizes that ran put "
+                "it under the room)")
+        return need, how
 
 
 def state_bytes(model: Any) -> int:
     """Bytes of a compiled, built model's training state."""
-    return variable_bytes(list(model.variables) + list(model.optimizer.variables)
-                          + list(model.metrics_variables))
+    return variable_bytes(room.state_variables(model, model.optimizer))
 
 
 def sizes_for(batch: int, host_largest: Optional[int], spare: bool = False
@@ -134,51 +176,61 @@ def measure(variant: Variant, device: Optional[str], headroom: float,
     model, data = variant.model, variant.data
     build_for_training(model, data.take(1))
     backend = keras.backend.backend()
-    dev = Device(backend, device)
-    planned = backend == "jax"
-    strategy: Any = None
-    try:
-        if planned:
-            from keras_memwatch.capacity.xla import Plans
+    with room.widened(backend, device, variant.held_bytes) as widened:
+        dev = Device(backend, device)
+        strategy: Any = None
+        try:
+            strategy = strategy_for(model, data, dev, progress)
+            host_largest = None if dev.on_gpu else host_largest_batch(
+                data.bytes_per_sample, host_available_bytes()[0])
+            planned = strategy.how == PLAN
+            sizes = sizes_for(variant.batch_size, host_largest,
+                              spare=dev.on_gpu and not planned)
+            if planned:
+                observations, seconds = _planned(strategy, model, data, sizes,
+                                                 variant.batch_size)
+                how = PLANNED
+            else:
+                search = Search(strategy, dev.on_gpu, host_largest)
+                observations = list(search.run(headroom, sizes).observations)
+                ran = [o for o in observations if o.ran and o.batch_size <=
+                       variant.batch_size and o.seconds > 0]
+                top = max(ran, key=lambda o: o.batch_size, default=None)
+                seconds = None if top is None else top.seconds / top.batch_size
+                how = MEASURED
+            limit = None if strategy.limit is None else strategy.limit - widened
+            return Measured(tuple(observations), state_bytes(model), strategy.in_use,
+                            limit, strategy.limit_words, variant.batch_size,
+                            seconds, how, dev.on_gpu, variant.held_bytes, widened)
+        finally:
+            if hasattr(strategy, "close"):
+                strategy.close()
+            dev.close()
 
-            strategy = Plans(model, data, dev, progress)
-        else:
-            from keras_memwatch.capacity.steps import Steps
 
-            strategy = Steps(model, data, dev, progress)
-        host_largest = None if dev.on_gpu else host_largest_batch(
-            data.bytes_per_sample, host_available_bytes()[0])
-        sizes = sizes_for(variant.batch_size, host_largest,
-                          spare=dev.on_gpu and not planned)
-        if planned:
-            # The device batch compiled as `fit` compiles it (the timed steps
-            # find it in JAX's cache), the sizes below it as the ladder does
-            # (on a GPU without autotuning: the memory plan is made before
-            # code generation); all of them stand as plans on the line.
-            with concurrent.futures.ThreadPoolExecutor(2) as pool:  # side by side
-                below = pool.submit(strategy.ladder, sizes[:-1])
-                at = pool.submit(strategy.check, sizes[-1:])
-                made = below.result() + at.result()
-            observations = [dataclasses.replace(o, how=PLAN, ladder=True)
-                            for o in made]
-            seconds = _timed(model, data, variant.batch_size, observations,
-                             strategy.limit, strategy.in_use)
-            how = PLANNED
-        else:
-            search = Search(strategy, dev.on_gpu, host_largest)
-            observations = list(search.run(headroom, sizes).observations)
-            ran = [o for o in observations if o.ran and o.batch_size <=
-                   variant.batch_size and o.seconds > 0]
-            top = max(ran, key=lambda o: o.batch_size, default=None)
-            seconds = None if top is None else top.seconds / top.batch_size
-            how = MEASURED
-        return Measured(tuple(observations), state_bytes(model), strategy.in_use,
-                        strategy.limit, strategy.limit_words, variant.batch_size,
-                        seconds, how, dev.on_gpu)
-    finally:
-        if hasattr(strategy, "close"):
-            strategy.close()
-        dev.close()
+def strategy_for(model: Any, data: Any, device: Device,
+                 progress: Callable[[str], None]) -> Any:
+    """The capacity strategy that measures a variant: XLA's plans on JAX
+    (on the host too), real steps elsewhere."""
+    if device.backend == "jax":
+        from keras_memwatch.capacity.xla import Plans
+
+        return Plans(model, data, device, progress)
+    from keras_memwatch.capacity.steps import Steps
+
+    return Steps(model, data, device, progress)
+
+
+def _planned(strategy: Any, model: Any, data: Any, sizes: list[int],
+             batch: int) -> tuple[list[Observation], Optional[float]]:
+    """Every size compiled as `fit` compiles it, side by side (exact plans
+    for the line; the timed steps find their size in JAX's cache), and
+    the seconds a sample of real steps."""
+    made = strategy.check(sizes)
+    observations = [dataclasses.replace(o, how=PLAN, ladder=True) for o in made]
+    seconds = _timed(model, data, batch, observations, strategy.limit,
+                     strategy.in_use)
+    return observations, seconds
 
 
 def _timed(model: Any, data: Any, batch: int, plans: list[Observation],

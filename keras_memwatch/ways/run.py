@@ -91,7 +91,10 @@ def ways_to_fit(
         first row is the model as it is (`lever="as is"`), then the levers,
         the most saved first, then the combinations. `attrs` holds
         `batch_size`, `headroom`, `device`, `limit_bytes`, `base_bytes`
-        (in use apart from the model's state), `settings` (each measured
+        (in use apart from the model's state), `held_bytes` (each measured
+        row's user state held beside its variant while it was measured,
+        and what the allocator's cap was widened by for it, as
+        `(held, widened)`), `settings` (each measured
         row's `variant.Setting` as a dict, to rebuild it elsewhere) and
         `seconds`.
 
@@ -138,6 +141,7 @@ def ways_to_fit(
         "batch_size": b, "headroom": headroom, "backend": keras.backend.backend(),
         "device": "GPU" if situation.on_gpu else "host",
         "limit_bytes": account.limit, "base_bytes": account.base,
+        "held_bytes": dict(situation.rooms),
         "settings": {lever: dataclasses.asdict(setting)
                      for lever, setting in situation.settings.items()},
         "seconds": round(time.perf_counter() - began, 2)})
@@ -172,6 +176,7 @@ def _measure_all(model: Any, data: Batches, b: int, headroom: float,
         situation.heavy_layers = _heavy_layers(model, data, b)
     rows, saved = [], []
     situation.settings = {T.AS_IS: Setting()}
+    situation.rooms = {T.AS_IS: (as_is.held_bytes, as_is.widened_bytes)}
     for lever in levers:
         row, m = _lever_row(lever, situation, model, data, b, headroom, device,
                             account, say)
@@ -201,6 +206,7 @@ def _lever_row(lever: Lever, s: Situation, model: Any, data: Batches, b: int,
         logger.info("ways_to_fit: %s could not be measured: %r", lever.name, e)
         return T.unmeasured_row(lever.name, lever.change(s), _failed(e),
                                 lever.note(s)), None
+    s.rooms[lever.name] = (m.held_bytes, m.widened_bytes)
     return T.measured_row(lever.name, lever.change(s), lever.note(s), m, account,
                           setting.accumulation), m
 
@@ -217,6 +223,7 @@ def _group_row(group: list[Lever], s: Situation, model: Any, data: Batches, b: i
         m = _measure(model, data, b, setting, headroom, device, say)
     except Exception as e:  # noqa: BLE001
         return T.unmeasured_row(name, change, _failed(e), notes)
+    s.rooms[name] = (m.held_bytes, m.widened_bytes)
     return T.measured_row(name, change, notes, m, account, setting.accumulation)
 
 
@@ -234,7 +241,7 @@ def _accumulation(model: Any, b: int, as_is: Measured, account: T.Account) -> in
     if b < 2:
         return 1
     slot = variable_bytes(model.trainable_variables)
-    evidence = as_is.evidence(account.base + slot, account.limit)
+    evidence = as_is.evidence(account.base, account.limit, slot)
     largest = evidence.batch_size_for(account.headroom) if account.limit else None
     k = 2
     while largest is not None and k * 2 <= b and b // k > largest:

@@ -46,8 +46,6 @@ class Account:
             fits = need <= self.limit * (1 - self.headroom) - self.base
         else:
             fits = None
-        if how != m.how:
-            how = f"{how} (batch {m.device_batch} read off the sizes measured)"
         return need, how, largest, fits
 
     def ratio(self, m: Measured) -> Optional[float]:

@@ -21,7 +21,10 @@ would build with it:
 
 The model's compiled train function is set aside and put back, so that
 nothing the user compiled is traced again. Weights and optimizer state
-are put back by the caller (`measure.model_state.ModelState`).
+are put back by the caller (`measure.model_state.ModelState`). What the
+user's model keeps in memory beside the variant (a rebuilt model's
+original with the gradients PyTorch keeps from its last step, a replaced
+optimizer's slots) is counted (`Variant.held_bytes`, `room`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from collections.abc import Iterator
 from typing import Any, Optional
 
 from keras_memwatch.measure.batches import Batches
+from keras_memwatch.ways.room import gradient_bytes, held_bytes, state_variables
 
 #: The optimizers of the optimizer lever, by name.
 OPTIMIZERS = ("adafactor", "sgd")
@@ -75,12 +79,15 @@ class Setting:
 
 @dataclasses.dataclass
 class Variant:
-    """A realized setting: the model to measure, its sample batch, and the
-    device batch that stands for the wanted batch."""
+    """A realized setting: the model to measure, its sample batch, the
+    device batch that stands for the wanted batch, and the bytes of the
+    user's training state held beside it that a run of the variant alone
+    would not hold (`room.held_bytes`)."""
 
     model: Any
     data: Batches
     batch_size: int
+    held_bytes: int = 0
 
 
 def _replace_policies(config: Any, policy: str) -> Any:
@@ -234,7 +241,12 @@ def realized(model: Any, data: Batches, batch_size: int,
         if target is model:
             target.train_function = None
         shown = shortened(data, setting.sequence) if setting.sequence else data
-        yield Variant(target, shown, max(1, batch_size // setting.accumulation))
+        held = held_bytes(state_variables(model, saved_optimizer if target is model
+                                          else model.optimizer),
+                          state_variables(target, target.optimizer))
+        if target is not model:
+            held += gradient_bytes(model)
+        yield Variant(target, shown, max(1, batch_size // setting.accumulation), held)
     finally:
         if target is model:
             for layer, mode in zip(layers, saved_modes):

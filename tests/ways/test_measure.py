@@ -1,0 +1,171 @@
+"""A variant's record read in the room it was measured in, on a fake GPU
+under a cap whose true needs are known: the user's model stays in memory
+beside each variant, as it does in `ways_to_fit`; a run of the variant
+alone would not hold it."""
+
+from __future__ import annotations
+
+import contextlib
+
+import keras
+import numpy as np
+import pytest
+
+from keras_memwatch.capacity.evidence import STEP, Observation
+from keras_memwatch.variables import variable_bytes
+from keras_memwatch.ways import measure, room, ways_to_fit
+from keras_memwatch.ways.room import state_variables
+
+KIB, MIB = 2**10, 2**20
+BASE = 64 * MIB  # the runtime, in use apart from any model's state
+WANTED = 256
+
+
+#: What the allocator's peak reports of a step's true need (the cap bounds
+#: the reserved bytes, rounded and fragmented; the peak counts allocated).
+REPORTED = 0.75
+
+
+def per_sample(model):
+    """The fake step's true bytes a sample: half in bfloat16."""
+    return 32 * KIB if model.layers[0].compute_dtype == "bfloat16" else 64 * KIB
+
+
+class FakeGpu:
+    """A GPU under a cap: every variable alive takes room, and so do the
+    gradients PyTorch keeps from a model's last step (the user's, and a
+    rebuilt model's own); a step of b needs `per_sample x b` beyond them.
+    `widened` is what the cap was raised by."""
+
+    def __init__(self, user_model, cap):
+        self.user = user_model
+        self.user_optimizer = user_model.optimizer
+        self.cap = cap
+        self.widened = 0
+
+    def in_use(self, model):
+        alive = (state_variables(self.user, self.user_optimizer)
+                 + state_variables(model, model.optimizer))
+        grads = room.gradient_bytes(self.user)  # 0 but on PyTorch
+        return BASE + variable_bytes(alive) + grads * (1 if model is self.user else 2)
+
+    def alone(self, model, setting_state):
+        """The largest batch a run of the variant alone fits."""
+        return (self.cap - BASE - setting_state) // per_sample(model)
+
+
+class FakeSteps:
+    how = STEP
+    above_limit = True
+    ladder_width = check_width = 1
+    words = limit_words = "a fake GPU"
+
+    def __init__(self, gpu, model):
+        self.model = model
+        self.in_use = gpu.in_use(model)
+        self.limit = gpu.cap + gpu.widened
+        self.need = per_sample(model)
+
+    def _observe(self, b, ladder):
+        ran = self.need * b <= self.limit - self.in_use
+        return Observation(b, int(REPORTED * self.need * b) if ran else None, STEP,
+                           ran=ran,
+                           ladder=ladder, seconds=0.001 * b)
+
+    def ladder(self, sizes):
+        return [self._observe(b, True) for b in sizes]
+
+    def check(self, sizes):
+        return [self._observe(b, False) for b in sizes]
+
+
+class FakeDevice:
+    on_gpu = True
+    name = "GPU:0"
+    gpu_index = 0
+
+    def __init__(self, backend, device):
+        self.backend = backend
+
+    def close(self):
+        pass
+
+
+def model_and_data():
+    model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(256),
+                              keras.layers.Dense(256), keras.layers.Dense(4)])
+    model.compile(optimizer="adam", loss="mse")
+    rng = np.random.default_rng(0)
+    return model, rng.normal(size=(8, 256)).astype("float32"), \
+        rng.normal(size=(8, 4)).astype("float32")
+
+
+def on_fake_gpu(monkeypatch, cap_room, widens):
+    """`ways_to_fit` with its strategies on a fake GPU whose cap leaves
+    `cap_room` for steps of the model as it is; `widens`: whether the cap
+    can be raised (PyTorch) or not (TensorFlow)."""
+    model, x, y = model_and_data()
+    keras.Model.fit(model, x, y, verbose=0)  # the optimizer built
+    state = measure.state_bytes(model)
+    gpu = FakeGpu(model, BASE + state + room.gradient_bytes(model) + cap_room)
+
+    @contextlib.contextmanager
+    def widened(backend, device, extra):
+        extra = extra if widens else 0
+        gpu.widened = extra
+        try:
+            yield extra
+        finally:
+            gpu.widened = 0
+
+    monkeypatch.setattr(measure, "Device", FakeDevice)
+    monkeypatch.setattr(measure, "strategy_for",
+                        lambda m, data, dev, progress: FakeSteps(gpu, m))
+    monkeypatch.setattr(room, "widened", widened)
+    table = ways_to_fit(model, x, y, batch_size=WANTED, headroom=0.0,
+                        levers=["mixed_precision", "sgd_momentum"],
+                        combinations=False)
+    return model, gpu, table
+
+
+@pytest.mark.parametrize("widens", [True, False], ids=["cap widened", "cap fixed"])
+def test_each_row_reads_its_own_need_and_none_lies_above_the_variant_alone(
+        monkeypatch, widens):
+    # The model as it is fits 224 of the 256 wanted, and the line through
+    # the peaks that ran puts 256 under the room: the steps' true need is
+    # more than their peaks. bfloat16 steps need half.
+    model, gpu, frame = on_fake_gpu(monkeypatch, 14 * MIB, widens)
+    table = frame.set_index("lever")
+    slot = variable_bytes(model.trainable_variables)
+    state = measure.state_bytes(model)
+    sgd_state = state - slot  # one slot less (and its counters)
+    as_is, mixed, sgd = (table.loc[lever] for lever in
+                         ("as is", "mixed_precision", "sgd_momentum"))
+    # Each need is the variant's own: read where the room ran out, not the
+    # room itself (which every row that ran out of memory shares).
+    assert len({as_is["need_bytes"], mixed["need_bytes"], sgd["need_bytes"]}) == 3
+    true = 64 * KIB * WANTED
+    # (read where the record brackets the room's end, to 2%: at most that high)
+    assert state + true <= as_is["need_bytes"] <= state + 1.03 * true
+    assert not as_is["fits"] and "ran out of memory" in as_is["how"]
+    assert bool(mixed["fits"]) and mixed["how"] == "measured"
+    assert mixed["need_bytes"] == state + int(REPORTED * 32 * KIB * WANTED)
+    assert true - 64 <= sgd["need_bytes"] - sgd_state <= 1.03 * true + 64
+    # The largest batch: never above what the variant alone fits; with the
+    # cap widened by the user's state held beside it, within 3% of it.
+    space = gpu.cap - BASE - room.gradient_bytes(model)  # each keeps its own
+    truths = {"as is": (space - state) // (64 * KIB),
+              "mixed_precision": (space - state) // (32 * KIB),
+              "sgd_momentum": (space - sgd_state) // (64 * KIB)}
+    for lever, truth in truths.items():
+        largest = table.loc[lever, "largest_batch"]
+        assert largest <= truth, (lever, largest, truth)
+        if widens or lever == "as is":
+            assert largest >= 0.97 * truth, (lever, largest, truth)
+    held = state + room.gradient_bytes(model)  # beside the rebuilt model
+    assert frame.attrs["held_bytes"]["mixed_precision"] == (
+        held, held if widens else 0)
+    assert frame.attrs["held_bytes"]["as is"] == (0, 0)
+    if not widens:  # read in the room its steps met: the user's state beside
+        assert table.loc["mixed_precision", "largest_batch"] <= (
+            space - state - held) // (32 * KIB)
