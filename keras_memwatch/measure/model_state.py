@@ -45,7 +45,9 @@ class ModelState:
     The state is every variable of the model (weights and seed-generator
     states), of its optimizer (slots, iteration counter, learning rate,
     loss scale) and of its metrics, copied to host memory; on PyTorch also
-    each parameter's `.grad`, which a Keras train step leaves filled.
+    each parameter's `.grad`, which a Keras train step leaves filled: moved
+    to host memory until `restore`, so that the device does not hold them
+    while steps are measured (Keras's own next step frees them first).
 
     Args:
         model: a compiled and built Keras model.
@@ -61,14 +63,18 @@ class ModelState:
         for v in model.trainable_variables:
             tensor = getattr(v, "value", None)
             if hasattr(tensor, "grad") and hasattr(tensor, "requires_grad"):
-                self.grads.append((tensor, tensor.grad))
+                grad = tensor.grad
+                if grad is not None:
+                    grad = (grad.device, grad.detach().to("cpu", copy=True))
+                    tensor.grad = None
+                self.grads.append((tensor, grad))
 
     def restore(self) -> None:
         """Puts every value (and `.grad`) copied back into the model."""
         for variable, value in zip(self.variables, self.values):
             variable.assign(value)
         for tensor, grad in self.grads:
-            tensor.grad = grad
+            tensor.grad = None if grad is None else grad[1].to(grad[0])
         if getattr(self.model, "_jax_state", None) is not None:
             # The JAX trainer keeps the last step's state (what `fit` clears
             # at its end); it would hold a second copy of every variable.
