@@ -1,13 +1,13 @@
-"""What an estimate shows a person while it runs.
+"""What a long measurement shows a person while it runs.
 
 `Progress` takes two streams:
 
 - a line per size measured (from the strategies), handed to the user's
   `progress=` callable whatever `verbose` says, else logged at INFO;
-- a line per round of the search (the sizes asked, the best answer so far,
-  the seconds spent), shown as `fit` shows its epochs: `verbose=1` draws a
-  `keras.utils.Progbar` of the rounds, `2` prints one line per round,
-  `0` shows nothing, and `"auto"` draws the bar where the output is a
+- a step per unit of work done (`step`: an estimate's round, a row of
+  `ways_to_fit`), shown as `fit` shows its epochs: `verbose=1` draws a
+  `keras.utils.Progbar` of the steps, `2` prints one line per step, `0`
+  shows nothing, and `"auto"` draws the bar where the output is a
   terminal or a notebook, else prints lines.
 """
 
@@ -34,24 +34,30 @@ def display_mode(verbose: Any) -> int:
 
 
 class Progress:
-    """The lines and the display of one estimate.
+    """The lines and the display of one measurement.
 
     Args:
         verbose: `"auto"`, `0`, `1` or `2` (checked).
         callback: receives every line per size, or `None` (the
             `keras_memwatch` logger at INFO).
-        began: `time.perf_counter()` when the estimate began. Defaults to
-            `None`: now.
+        began: `time.perf_counter()` when the measurement began. Defaults
+            to `None`: now.
+        unit: what a step is called on the bar. Defaults to `"round"`.
     """
 
     def __init__(self, verbose: Any, callback: Optional[Callable[[str], None]],
-                 began: Optional[float] = None):
+                 began: Optional[float] = None, unit: str = "round"):
         self.mode = display_mode(verbose)
         self.callback = callback
         self.began = time.perf_counter() if began is None else began
+        self.unit = unit
         self.rounds = 0
         self.sizes = 0
         self._bar: Any = None
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.began
 
     def line(self, text: str) -> None:
         """A line about one size measured."""
@@ -60,38 +66,39 @@ class Progress:
         else:
             logger.info("%s", text)
 
-    def round(self, kind: str, sizes: Sequence[int], best: Optional[int]) -> None:
-        """One round done: `kind` (`"ladder"`, `"aim"`, `"check"`), the
-        sizes it asked about, the best answer the record gives now."""
+    def step(self, text: str, values: Sequence[tuple[str, Any]]) -> None:
+        """One step done: `text` printed (`verbose=2`), or the bar moved on
+        with `values` and the seconds so far (`1`)."""
         self.rounds += 1
-        self.sizes += len(sizes)
-        seconds = time.perf_counter() - self.began
         if self.mode == 1:
-            self._draw(best, seconds)
+            import keras
+
+            if self._bar is None:
+                self._bar = keras.utils.Progbar(None, unit_name=self.unit)
+            values = [*values, ("s", round(self.seconds, 1))]
+            self._bar.stateful_metrics.update(name for name, _ in values)
+            self._bar.update(self.rounds, values=values)
         elif self.mode == 2:
-            sys.stdout.write(
-                f"estimate_max_batch_size: round {self.rounds} ({kind}): batch "
-                + ", ".join(map(str, sizes))
-                + f"; best answer so far {'-' if best is None else best}"
-                + f" ({seconds:.1f} s)\n")
+            sys.stdout.write(f"{text} ({self.seconds:.1f} s)\n")
             sys.stdout.flush()
 
-    def _draw(self, best: Optional[int], seconds: float) -> None:
-        import keras
+    def round(self, kind: str, sizes: Sequence[int], best: Optional[int]) -> None:
+        """An estimate's round done: `kind` (`"ladder"`, `"aim"`,
+        `"check"`), the sizes it asked about, the best answer the record
+        gives now."""
+        self.sizes += len(sizes)
+        self.step(f"estimate_max_batch_size: round {self.rounds + 1} ({kind}): batch "
+                  + ", ".join(map(str, sizes))
+                  + f"; best answer so far {'-' if best is None else best}",
+                  [("sizes", self.sizes)] + ([] if best is None else [("best", best)]))
 
-        if self._bar is None:
-            self._bar = keras.utils.Progbar(None, unit_name="round",
-                                            stateful_metrics=["sizes", "best", "s"])
-        values = [("sizes", self.sizes), ("s", round(seconds, 1))]
-        if best is not None:
-            values.append(("best", best))
-        self._bar.update(self.rounds, values=values)
-
-    def done(self, answer: Optional[int]) -> None:
-        """The estimate finished: the bar's last line."""
+    def done(self, answer: Optional[int] = None) -> None:
+        """The measurement finished: the bar's last line."""
         if self.mode == 1 and self._bar is not None:
-            values = [("sizes", self.sizes),
-                      ("s", round(time.perf_counter() - self.began, 1))]
+            values = [("s", round(self.seconds, 1))]
+            if self.sizes:
+                values.append(("sizes", self.sizes))
             if answer is not None:
                 values.append(("best", answer))
+            self._bar.stateful_metrics.update(name for name, _ in values)
             self._bar.update(self.rounds, values=values, finalize=True)

@@ -265,7 +265,7 @@ def _print_ways(model: Any, x: Any, y: Any, args: argparse.Namespace) -> None:
 
     table = ways_to_fit(model, x, y, batch_size=args.batch_size,
                         headroom=args.headroom, levers=args.levers,
-                        device=args.device)
+                        device=args.device, verbose=0 if args.json else "auto")
     if args.json:
         print(table.to_json(orient="records", indent=2))
     else:

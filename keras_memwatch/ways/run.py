@@ -8,12 +8,16 @@ import gc
 import logging
 import re
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
+
+import pandas as pd
 
 from keras_memwatch import options
+from keras_memwatch.capacity.progress import Progress
 from keras_memwatch.measure.batches import Batches
 from keras_memwatch.measure.model_state import ModelState, build_for_training
 from keras_memwatch.configure.devices import device_label
+from keras_memwatch.units import format_bytes
 from keras_memwatch.variables import variable_bytes
 from keras_memwatch.ways import table as T
 from keras_memwatch.ways.levers import (LEVER_NAMES, REMAT_LAYERS, Lever, Situation,
@@ -37,6 +41,7 @@ def ways_to_fit(
     device: Optional[str] = None,
     combinations: bool = True,
     progress: Optional[Callable[[str], None]] = None,
+    verbose: Union[str, int] = "auto",
 ) -> Any:
     """Measures what each change to a model would save at the batch you want.
 
@@ -80,6 +85,10 @@ def ways_to_fit(
             Defaults to `True`.
         progress: receives a line per size measured. Defaults to `None`:
             the `keras_memwatch` logger at DEBUG.
+        verbose: `"auto"`, `0`, `1` or `2`, as `fit`'s: `0` shows
+            nothing, any other prints one line per row as it is measured
+            (the lever, its need, what it saves, its largest batch, the
+            seconds so far). Defaults to `"auto"`.
 
     Returns:
         A `pandas.DataFrame`, one row per lever: `lever`, `change` (the code
@@ -120,6 +129,10 @@ def ways_to_fit(
         device = device_label(device, "device")
     options.boolean("combinations", combinations)
     say = options.optional_callable("progress", progress) or _log
+    # a line per row, whatever the output: rows are few and long, and a
+    # bar would not move between them
+    shown = Progress(0 if options.verbosity("verbose", verbose) == 0 else 2,
+                     None, began, unit="row")
     options.compiled_model("model", model)
     import keras
 
@@ -130,11 +143,12 @@ def ways_to_fit(
     policy = keras.config.dtype_policy()
     try:
         rows, combos, account, situation = _measure_all(
-            model, data, b, headroom, names, device, combinations, say)
+            model, data, b, headroom, names, device, combinations, say, shown)
     finally:
         state.restore()
         keras.config.set_dtype_policy(policy)
         gc.collect()
+    shown.done()
     as_is = account.as_is
     first = T.measured_row(T.AS_IS, "", "the model as compiled", as_is, account)
     return T.frame(first, rows, combos, {
@@ -159,7 +173,8 @@ def _measure(model: Any, data: Batches, b: int, setting: Setting, headroom: floa
 
 def _measure_all(model: Any, data: Batches, b: int, headroom: float,
                  names: list[str], device: Optional[str], combinations: bool,
-                 say: Callable[[str], None]) -> tuple[list, list, T.Account, Situation]:
+                 say: Callable[[str], None], shown: Progress
+                 ) -> tuple[list, list, T.Account, Situation]:
     as_is = _measure(model, data, b, Setting(), headroom, device, say)
     if not as_is.on_gpu:
         # The host's first steps in a process touch memory that later ones
@@ -167,6 +182,7 @@ def _measure_all(model: Any, data: Batches, b: int, headroom: float,
         # compares with the levers.
         as_is = _measure(model, data, b, Setting(), headroom, device, say)
     account = T.Account(as_is, headroom)
+    _show(shown, T.measured_row(T.AS_IS, "", "", as_is, account))
     on_gpu = as_is.on_gpu
     levers = [lever for lever in all_levers() if lever.name in names]
     situation = Situation(model, data, b, on_gpu=on_gpu,
@@ -180,6 +196,7 @@ def _measure_all(model: Any, data: Batches, b: int, headroom: float,
     for lever in levers:
         row, m = _lever_row(lever, situation, model, data, b, headroom, device,
                             account, say)
+        _show(shown, row)
         rows.append(row)
         if m is not None:
             saved.append((lever, row["saved_bytes"]))
@@ -188,7 +205,21 @@ def _measure_all(model: Any, data: Batches, b: int, headroom: float,
         for group in T.best_combinations(saved):
             combos.append(_group_row(group, situation, model, data, b, headroom,
                                      device, account, say))
+            _show(shown, combos[-1])
     return rows, combos, account, situation
+
+
+def _show(shown: Progress, row: dict) -> None:
+    """A row measured (or not), on the bar or as a line."""
+    need, saved = row.get("need_bytes"), row.get("saved_bytes")
+    if need is None or pd.isna(need):
+        what = row.get("how") or "not measured"
+        shown.step(f"ways_to_fit: {row['lever']}: {what}", [])
+        return
+    largest = row.get("largest_batch")
+    words = (f"needs {format_bytes(need)}, saves {format_bytes(saved or 0)}, "
+             f"largest batch {'-' if largest is None or pd.isna(largest) else largest}")
+    shown.step(f"ways_to_fit: {row['lever']}: {words}", [])
 
 
 def _lever_row(lever: Lever, s: Situation, model: Any, data: Batches, b: int,

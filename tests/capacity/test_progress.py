@@ -75,3 +75,4 @@ def test_verbose_zero_with_no_callback_logs_at_info(caplog, capsys):
 def test_a_bad_verbose_is_refused(value, error):
     with pytest.raises(error, match="Expected `verbose` to be"):
         estimate_max_batch_size(dense_model(), *data(), verbose=value)
+

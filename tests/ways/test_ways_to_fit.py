@@ -161,6 +161,24 @@ def test_levers_that_cannot_apply_keep_a_row_that_says_why():
     assert table["need_bytes"].isna().sum() == 3
 
 
+@pytest.mark.parametrize("verbose", [0, 2])
+def test_each_row_is_shown_as_it_is_measured(capsys, verbose):
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    model.compile(optimizer="adam", loss="mse")
+    ways_to_fit(model, np.ones((4, 8), "float32"), np.zeros((4, 4), "float32"),
+                levers=["sgd_momentum", "shorter_sequence"], combinations=False,
+                verbose=verbose)
+    out = [line for line in capsys.readouterr().out.splitlines()
+           if line.startswith("ways_to_fit:")]
+    if verbose == 0:
+        assert out == []
+        return
+    assert [line.split(":")[1].strip() for line in out] == [
+        "as is", "sgd_momentum", "shorter_sequence"]
+    assert "saves" in out[1] and "largest batch" in out[1]
+    assert "not applied" in out[2]
+
+
 def pd_na():
     import pandas as pd
 
