@@ -77,6 +77,8 @@ class Plans:
         self.ladder_width = max(1, min(8, (os.cpu_count() or 1) // 2))
         self.check_width = CHECKS_AT_ONCE
         self._tracing = threading.Lock()
+        #: Steps already lowered, by size (`fingerprint`'s), used once.
+        self._lowered: dict[int, tuple[Any, int, int]] = {}
         #: A `time.perf_counter()` time: compilations still running then are
         #: abandoned, and none starts after it. `None`: no limit.
         self.deadline: Optional[float] = None
@@ -109,12 +111,12 @@ class Plans:
         import jaxlib
 
         with self._tracing:
-            lowered = xla_plan.lower_step(self.model, self.sample, 1,
-                                          batches_ahead=0)[0]
+            lowered = xla_plan.lower_step(self.model, self.sample, 1, batches_ahead=0)
+            self._lowered[1] = lowered  # the ladder's first size: traced once
         # XLA recomputes activations to fit the limit on an accelerator only
         limit = self.limit if self.accelerator else None
         return stored_record.fingerprint(
-            lowered.as_text(), limit, jax=jax.__version__,
+            lowered[0].as_text(), limit, jax=jax.__version__,
             jaxlib=jaxlib.__version__, device=self.device_kind,
             xla_flags=os.environ.get("XLA_FLAGS", ""),
             aim_options=self.aim_options, batches_ahead=xla_plan.BATCHES_AHEAD)
@@ -158,8 +160,8 @@ class Plans:
         with self._tracing:  # tracing runs Keras's Python: one at a time
             if self.deadline is not None and time.perf_counter() >= self.deadline:
                 return None
-            lowered = xla_plan.lower_step(self.model, self.sample, size,
-                                          batches_ahead=0)
+            lowered = self._lowered.pop(size, None) or xla_plan.lower_step(
+                self.model, self.sample, size, batches_ahead=0)
         options = self.aim_options if aimed else None
         need: Optional[int] = None
         ran = True
