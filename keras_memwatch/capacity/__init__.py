@@ -12,9 +12,11 @@ them:
 - `steps`, `xla`, `fresh_process`: the ways of measuring (real steps, XLA's
   plans, jobs in new processes), each answering "what does batch b need,
   and does it run?";
-- `search`: which sizes to ask about (the `ladder`, then checks), within
-  a `deadline`, with `calibration` of XLA's quick plans, until the
-  `brackets` of every answer are closed;
+- `search`: which sizes to ask about (the `ladder`, then checks, each
+  round's sizes from `proposals`), within a `deadline`, with
+  `calibration` of XLA's quick plans, until the `brackets` of every
+  answer are closed; `stored_record` keeps a JAX estimate's record beside
+  the compilation cache for the next;
 - `evidence`: the record and its rule;
 - `progress`: what a person sees while it runs;
 - `result`: `CapacityEstimate`, the answers and their text;

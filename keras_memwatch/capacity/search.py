@@ -49,20 +49,17 @@ import time
 from collections.abc import Sequence
 from typing import Callable, Optional, Protocol
 
-from keras_memwatch.capacity.brackets import RESOLUTION, bracketed, left_open, room_gap
+from keras_memwatch.capacity.brackets import RESOLUTION, bracketed, left_open
 from keras_memwatch.capacity.calibration import calibrated
 from keras_memwatch.capacity.deadline import Deadline, expected_seconds
 from keras_memwatch.capacity.evidence import AIMED, PLAN, Evidence, Observation
 from keras_memwatch.capacity.ladder import (  # noqa: F401 (the ladder's, read here)
     HOST_BATCH, MAX_LADDER, SAFE, SLOW_S, START, TARGET, host_largest_batch, next_sizes)
 from keras_memwatch.capacity.progress import Progress
+from keras_memwatch.capacity.proposals import FAN, one_round, proposals
 
 MAX_CHECKS = 12
 MAX_AIMED = 24  # quick, aimed plans (JAX on a GPU): three rounds of eight
-#: Where quick plans have not yet failed above an answer, they also ask
-#: these multiples of it (XLA may recompute activations up there: GPT-2
-#: base fits twice the batch the small-batch line says).
-FAN = (1.1, 1.3, 1.6, 2.0, 2.5, 3.0)
 
 
 class Strategy(Protocol):
@@ -267,21 +264,6 @@ class Search:
                 + " and ".join(f"under {h:.0%} headroom" for h in left)
                 + f" not bracketed to {RESOLUTION:.0%}")
 
-    def _one_round(self, view: Evidence, headroom: float) -> list[int]:
-        """The sizes a round of checks asks to bracket the answer under
-        `headroom` where `view` (the quick plans) brackets it: the answer
-        and the bracket's top where they are `RESOLUTION` apart, every size
-        of the bracket where it holds fewer than a round's; else `[]`."""
-        low, high, _ = room_gap(view, headroom)
-        if low is None or high is None:
-            return []
-        if high - low <= max(1, int(RESOLUTION * low)):
-            answer = min(max(view.crossing(headroom) or low, low), high - 1)
-            return [answer, high]
-        if high - low < self.strategy.check_width:
-            return list(range(low, high + 1))
-        return []
-
     def _asked(self, kind: str) -> int:
         """How many sizes rounds of `kind` asked so far."""
         return sum(len(sizes) for k, sizes, _ in self.rounds if k == kind)
@@ -303,7 +285,7 @@ class Search:
             for h in reversed(targets):
                 if bracketed(real, h):
                     continue
-                needed = self._one_round(view, h)
+                needed = one_round(view, h, self.strategy.check_width)
                 if needed:  # the quick plans' bracket
                     asks += [b for b in needed if b not in exact]
                     continue
@@ -342,10 +324,11 @@ class Search:
         round of checks can ask what each needs), `budget` sizes were asked or
         the time is out; returns the headrooms left open. A round asks
         first what every answer rests on, then the sizes above them, the
-        ceiling's first (they fan out: `_proposals`)."""
+        ceiling's first (they fan out: `proposals`)."""
         while True:
             if near:
-                known = {h: self._one_round(view(), h) for h in targets}
+                known = {h: one_round(view(), h, self.strategy.check_width)
+                         for h in targets}
                 if all(known.values()) and \
                         len(set().union(*known.values())) <= self.strategy.check_width:
                     return []  # one round of checks asks every size needed
@@ -355,71 +338,26 @@ class Search:
             for h in reversed(targets):  # the ceiling's sizes above first
                 if near and len(known[h] or ()) in (1, 2):
                     continue
-                needed, above = self._proposals(view(), h, share,
-                                                fan=h == targets[-1] and width > 1)
+                needed, above = proposals(view(), h, share,
+                                          fan=h == targets[-1] and width > 1,
+                                          above_limit=self.strategy.above_limit)
                 first = needed + first
                 then += above
-            proposals = list(dict.fromkeys(first + then))
-            if not proposals:
+            asks = list(dict.fromkeys(first + then))
+            if not asks:
                 return []
             if budget <= 0:
-                return [h for h in targets if any(self._proposals(view(), h, 1, False))]
-            proposals = proposals[:min(width, budget)]
-            if not self._in_time(kind, proposals):
-                return [h for h in targets if any(self._proposals(view(), h, 1, False))]
-            self._ask(kind, proposals)
-            budget -= len(proposals)
+                return self._unsettled(targets, view())
+            asks = asks[:min(width, budget)]
+            if not self._in_time(kind, asks):
+                return self._unsettled(targets, view())
+            self._ask(kind, asks)
+            budget -= len(asks)
 
-    def _proposals(self, evidence: Evidence, headroom: float, width: int,
-                   fan: bool) -> tuple[list[int], list[int]]:
-        """What to ask next for the answer under `headroom`, as `(needed,
-        above)`:
-
-        - while a gap between the largest size seen to fit and the smallest
-          that failed is open and the answer lies at its foot (it rests on
-          where the limit lies in it), sizes that cut it into `width + 1`
-          equal parts;
-        - while a gap between the largest size that fits the room of this
-          headroom and the smallest that does not is open, sizes that cut
-          it, where they may be tried (below a size that ran, or where
-          sizes above the limit may be tried);
-        - else the answer, where nothing at or just below it was asked, and
-          the size just above it;
-        - nothing where both are known.
-
-        With `fan`, while nothing above the answer has failed, the sizes
-        above it also fan out to three times the answer (`FAN`): XLA may
-        recompute there, and a size that does not fit brackets the answer
-        in the same round.
-        """
-        b = evidence.batch_size_for(headroom)
-        if not b:
-            return [], []
-        step = max(1, int(RESOLUTION * b))
-        checked = [o for o in evidence.observations
-                   if not o.ladder and o.how != AIMED]
-        fits = [o.batch_size for o in checked
-                if o.batch_size <= b and not evidence.failed(o)]
-        failed, fitted = evidence.smallest_failure, evidence.largest_fitting
-        if failed is not None and fitted is not None and b >= fitted \
-                and failed - fitted > max(1, int(RESOLUTION * fitted)):
-            return _between(fitted, failed, width), []
-        low, high, high_ran = room_gap(evidence, headroom)
-        if low is not None and high is not None \
-                and high - low > max(1, int(RESOLUTION * low)) \
-                and (high_ran or self.strategy.above_limit):
-            return _between(low, high, width), []
-        above: list[int]
-        if not self.strategy.above_limit:
-            above = []
-        elif any(b < o.batch_size <= b + step for o in checked):
-            above = []
-        else:
-            above = ([int(b * f) for f in FAN] if fan and failed is None
-                     else []) + [b + step]
-        if not fits or b - max(fits) > step:
-            return [b], above
-        return [], above
+    def _unsettled(self, targets: Sequence[float], view: Evidence) -> list[float]:
+        """The headrooms whose answers `view` would still ask about."""
+        return [h for h in targets
+                if any(proposals(view, h, 1, False, self.strategy.above_limit))]
 
     # -- what is left open ---------------------------------------------------
 
@@ -435,8 +373,3 @@ class Search:
                             f"to {RESOLUTION:.0%} ({why})"
                             for h, why in self.open.items()))
 
-
-def _between(low: int, high: int, parts: int) -> list[int]:
-    """Up to `parts` sizes that cut `low`..`high` into equal parts."""
-    return sorted({low + (high - low) * i // (parts + 1)
-                   for i in range(1, parts + 1)} - {low, high})

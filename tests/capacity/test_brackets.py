@@ -10,6 +10,7 @@ from capacity_helpers import GIB, MIB, FakeStrategy
 from keras_memwatch.capacity import search as S
 from keras_memwatch.capacity.brackets import bracketed, left_open, room_gap
 from keras_memwatch.capacity.evidence import PLAN, STEP, Evidence, Observation
+from keras_memwatch.capacity.proposals import proposals
 
 
 def decoder_record():
@@ -32,9 +33,8 @@ def test_a_gap_under_the_headroom_is_found():
 
 @pytest.mark.parametrize("above_limit", [True, False])
 def test_the_search_cuts_it_even_without_a_cap_below_a_size_that_ran(above_limit):
-    fake = FakeStrategy(lambda b: 10 * MIB * b, above_limit=above_limit)
-    search = S.Search(fake, on_gpu=True, host_largest=None)
-    needed, _ = search._proposals(decoder_record(), 0.1, 3, fan=False)
+    needed, _ = proposals(decoder_record(), 0.1, 3, fan=False,
+                          above_limit=above_limit)
     assert needed and all(4 < b < 8 for b in needed)
 
 
