@@ -224,7 +224,7 @@ def _report(args: argparse.Namespace) -> int:
         return 2
 
     if args.plot:
-        from keras_memwatch.explain.plot import plot_path_problem
+        from keras_memwatch.explain.figure_files import plot_path_problem
 
         problem = plot_path_problem(args.plot, overwrite=args.force or args.overwrite)
         if problem:
@@ -267,7 +267,8 @@ def _report(args: argparse.Namespace) -> int:
     if args.plot:
         import matplotlib.pyplot as plt
 
-        from keras_memwatch.explain.plot import plot_memory, save_figure
+        from keras_memwatch.explain.figure_files import save_figure
+        from keras_memwatch.explain.plot import plot_memory
 
         figure = plot_memory(frame)
         try:

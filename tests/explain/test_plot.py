@@ -228,42 +228,6 @@ def test_given_axes_for_several_processes(tmp_path):
         plot_memory(two_processes(), ax=axes[:2])
 
 
-# -- saving at exactly the path given -------------------------------------------------
-
-
-def test_save_figure_writes_exactly_there_and_never_replaces(tmp_path):
-    fig = plot_memory(*two_devices())
-    assert P.save_figure(fig, tmp_path / "m.svg") == str(tmp_path / "m.svg")
-    assert (tmp_path / "m.svg").read_bytes()[:5] == b"<?xml"
-    with pytest.raises(FileExistsError):
-        P.save_figure(fig, tmp_path / "m.svg")
-    P.save_figure(fig, tmp_path / "m.svg", overwrite=True)
-    with pytest.raises(ValueError, match="image format"):
-        P.save_figure(fig, tmp_path / "noext")
-    assert sorted(os.listdir(tmp_path)) == ["m.svg"]
-
-
-@pytest.mark.parametrize("name, words", [
-    ("noext", ["has no extension", "e.g. --plot {d}/noext.png"]),
-    ("rep.txt", ["matplotlib cannot write .txt files", "e.g. --plot {d}/rep.png"]),
-    ("nodir/x.png", ["the folder {d}/nodir does not exist"]),
-    ("old.png", ["{d}/old.png exists: pass --force"]),
-    (".", ["is a folder"]),
-])
-def test_plot_path_problems(tmp_path, name, words):
-    (tmp_path / "old.png").write_bytes(b"mine")
-    problem = P.plot_path_problem(str(tmp_path / name))
-    for word in words:
-        assert word.format(d=tmp_path) in problem
-    assert (tmp_path / "old.png").read_bytes() == b"mine"
-
-
-def test_plot_path_fine():
-    assert P.plot_path_problem("new.png") is None
-    assert P.plot_path_problem(__file__.replace(".py", ".png")) is None
-    assert P.plot_path_problem(__file__ + ".pdf") is None
-
-
 def test_a_jax_gpus_planned_peak_and_an_allocators_reserve_are_named():
     frame, spikes = record(steady(WORKING))
     frame["plan_bytes"] = pd.array([pd.NA] + [600 * 2**20] * (len(frame) - 1),
