@@ -197,3 +197,28 @@ def test_plot_is_shown_and_saved(executed):
     assert len(images) == 1
     assert base64.b64decode(images[0].data["image/png"])[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp / "memwatch_tour.png").stat().st_size > 10_000
+
+
+def test_the_layers_table_has_the_steps_own_rows(executed):
+    shown = text(cell(executed[0], "layers"))
+    assert "(loss" in shown and "activation_bytes" in shown
+    assert "conv2d" in shown
+
+
+def test_the_ways_table_starts_with_the_model_as_it_is(executed):
+    (shown,) = [o.data["text/plain"] for o in cell(executed[0], "ways").outputs
+                if o.output_type == "execute_result"]
+    rows = [line.split()[1] for line in shown.splitlines()[1:] if line.strip()]
+    assert rows[:1] == ["as"] and "sgd_momentum" in shown
+    assert "gradient_accumulation" in shown and "saved_bytes" in shown
+    streams = "".join(o.text for o in cell(executed[0], "ways").outputs
+                      if o.output_type == "stream")
+    assert "retracing" not in streams  # each size is a new trace, on purpose
+
+
+def test_the_page_is_written_beside_the_notebook(executed):
+    nb, tmp, _ = executed
+    page = tmp / "memwatch_tour.html"
+    assert text(cell(nb, "page")).strip("'\n") == "memwatch_tour.html"
+    assert page.stat().st_size > 1_000_000  # plotly.js is in the page
+    assert "sgd_momentum" in page.read_text(encoding="utf-8")

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -89,8 +92,27 @@ def fit_steps(model: Any, batch: tuple[Any, Any], steps: int) -> None:
     size = keras.tree.flatten(x)[0].shape[0]
     if steps > 1:
         x, y = Batches(x, y).take(size * steps)
-    keras.Model.fit(model, x, y, batch_size=size, epochs=1, shuffle=False,
-                    verbose=0)
+    with _quiet_retracing():
+        keras.Model.fit(model, x, y, batch_size=size, epochs=1, shuffle=False,
+                        verbose=0)
+
+
+@contextlib.contextmanager
+def _quiet_retracing() -> Iterator[None]:
+    """TensorFlow's logger at ERROR: it warns of a function traced again for
+    each new shape, and every size measured is a new shape on purpose."""
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        yield
+        return
+    quiet = logging.getLogger("tensorflow")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        quiet.setLevel(level)
 
 
 def repeated(x: Any, y: Any, steps: int) -> Any:
