@@ -20,14 +20,13 @@ does it run?"; this module decides which b to ask about:
    between a size that fitted and one that failed, where the record
    cannot tell, is cut into as many parts as the strategy asks about at
    once (`check_width`: compilations side by side, or one real step).
-   Where the strategy has a quicker, rougher way (XLA's plans without
+   Where the strategy has a quicker way (XLA's plans without
    autotuning), it brackets the answers with that first, a wide round at
-   a time (`FAN` above the answer, where XLA may recompute). The
-   ladder's first round also compiles its largest size as `fit` compiles
-   it, and every quick plan is read through the ratio of the two kinds
-   (`calibration`, updated by every check); the checks start at the
-   answers the calibrated quick plans give, each answer and the size
-   above it in one round.
+   a time (`FAN` above the answer, where XLA may recompute), until one
+   round of checks can ask every size each answer needs
+   (`proposals.one_round`); every quick plan is read through the ratio
+   of the two kinds where checks measured both (`calibration`), and where
+   the checks show the quick plans off, they aim again.
 3. Every answer's bracket is closed to `RESOLUTION`: the gap between the
    largest size that fits the room of that headroom and the smallest
    that does not (under the whole limit: that failed) is cut, where its
