@@ -71,6 +71,11 @@ class Lever:
     def note(self, s: Situation) -> str:
         return self.notes
 
+    def failure_hint(self, error: BaseException) -> str:
+        """What to do where measuring the lever raised `error`; `""` where
+        the error says enough."""
+        return ""
+
 
 class MixedPrecision(Lever):
     name = "mixed_precision"
@@ -176,6 +181,14 @@ class Remat(Lever):
                 "compute, same results)" if self.layers else
                 "recomputes the forward pass in the backward pass (about a third "
                 "more compute, same results)")
+
+    def failure_hint(self, error: BaseException) -> str:
+        if type(error).__name__ != "TracerBoolConversionError":
+            return ""
+        return ("on JAX, a rematerialized layer's call gets every argument traced, "
+                "and this one branches on an argument: keep the layer out of the "
+                "scope (`remat_layers` names layers; `keras.RematScope(mode="
+                "\"list_of_layers\", layer_names=[...])`)")
 
 
 class GradientAccumulation(Lever):

@@ -235,7 +235,7 @@ def _lever_row(lever: Lever, s: Situation, model: Any, data: Batches, b: int,
         m = _measure(model, data, b, setting, headroom, device, say)
     except Exception as e:  # noqa: BLE001 - the lever's failure is its row
         logger.info("ways_to_fit: %s could not be measured: %r", lever.name, e)
-        return T.unmeasured_row(lever.name, lever.change(s), _failed(e),
+        return T.unmeasured_row(lever.name, lever.change(s), _failed(e, lever),
                                 lever.note(s)), None
     s.rooms[lever.name] = (m.held_bytes, m.widened_bytes)
     return T.measured_row(lever.name, lever.change(s), lever.note(s), m, account,
@@ -258,11 +258,49 @@ def _group_row(group: list[Lever], s: Situation, model: Any, data: Batches, b: i
     return T.measured_row(name, change, notes, m, account, setting.accumulation)
 
 
-def _failed(error: BaseException) -> str:
-    """A row's `how` where measuring raised: the error's first line."""
+def _failed(error: BaseException, lever: Optional[Lever] = None) -> str:
+    """A row's `how` where measuring raised: the layer whose call raised,
+    the error's first line, and the lever's hint."""
+    error = _raised(error)
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))  # Keras's bold
     words = " ".join(line.strip() for line in text.splitlines() if line.strip())
-    return f"not measured: {type(error).__name__}: {words}"[:240]
+    words = re.split(r"(?<=\.)\s", words, maxsplit=1)[0]  # its first sentence
+    where = _failing_layer(error)
+    hint = "" if lever is None else lever.failure_hint(error)
+    return (f"not measured: {where + ': ' if where else ''}"
+            f"{type(error).__name__}: {words[:200].rstrip('.')}"
+            f"{'; ' + hint if hint else ''}")
+
+
+def _raised(error: BaseException) -> BaseException:
+    """The error a step raised. Keras re-raises a layer's error as a new one
+    of its class with the layer's name in the message; where that class
+    cannot be made from a message (JAX's tracer errors take a tracer), the
+    re-raise fails while building it, and the step's error is its context."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is not None and error.__context__ is not None \
+            and tb.tb_frame.f_code.co_name == "__init__" \
+            and isinstance(tb.tb_frame.f_locals.get("self"), BaseException):
+        return error.__context__
+    return error
+
+
+def _failing_layer(error: BaseException) -> str:
+    """`"Class 'name'"` of the innermost layer whose `call` the error went
+    through, or `""`."""
+    import keras
+
+    found = ""
+    tb = error.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        layer = frame.f_locals.get("self")
+        if frame.f_code.co_name == "call" and isinstance(layer, keras.layers.Layer):
+            found = f"{type(layer).__name__} {layer.name!r}"
+        tb = tb.tb_next
+    return found
 
 
 def _accumulation(model: Any, b: int, as_is: Measured, account: T.Account) -> int:
@@ -283,14 +321,15 @@ def _accumulation(model: Any, b: int, as_is: Measured, account: T.Account) -> in
 def _heavy_layers(model: Any, data: Batches, b: int) -> Any:
     """The layers that keep the most activations (`memory_by_layer` at a
     small batch), to half of all or `REMAT_LAYERS`, or why none are known."""
-    from keras_memwatch.explain.layers import REST, memory_by_layer
+    from keras_memwatch.explain.layers import STEP_ROWS, memory_by_layer
 
     try:
         x, y = data.take(max(1, min(b, data.n) // 2))
         layers = memory_by_layer(model, x, y, expand_nested=True)
     except Exception as e:  # noqa: BLE001
         return f"the by-layer table could not be made ({type(e).__name__}: {e})"
-    rows = layers[layers["layer"] != REST].dropna(subset=["activation_bytes"])
+    # the loss and the update are the step's, not layers a scope can name
+    rows = layers[~layers["layer"].isin(STEP_ROWS)].dropna(subset=["activation_bytes"])
     rows = rows[rows["activation_bytes"] > 0].sort_values("activation_bytes",
                                                           ascending=False)
     total = float(rows["activation_bytes"].sum())

@@ -5,6 +5,9 @@ left as it was, bad arguments refused before any work."""
 
 from __future__ import annotations
 
+import ast
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -205,15 +208,44 @@ def test_a_keras_hub_gpt2_gets_a_shorter_sequence():
     y = np.ones((4, 64), "int32")
     keras.Model.fit(model, x, y, verbose=0)
     before = state_of(model)
-    table = ways_to_fit(model, x, y, batch_size=16, levers=["shorter_sequence"])
+    table = ways_to_fit(model, x, y, batch_size=16,
+                        levers=["shorter_sequence", "remat_layers"])
     shorter = row(table, "shorter_sequence")
     assert "32 tokens" in shorter["change"]
     assert shorter["how"] in ("plan", "measured")
     if not HOST_BLIND:  # logits over the vocabulary, 16 x 64 x 1000 floats
         assert shorter["saved_bytes"] > 0.2 * (row(table, "as is")["need_bytes"]
                                                - 3 * 4 * model.count_params())
+    # the recomputed layers are the model's own, never the loss's row
+    change = row(table, "remat_layers")["change"]
+    named = ast.literal_eval(re.search(r"layer_names=(\[.*?\])", change).group(1))
+    layers = {layer.name for layer in model._flatten_layers(recursive=True)}
+    assert "transformer_layer_0" in named and set(named) <= layers
     after = state_of(model)
     assert all(a.tobytes() == b.tobytes() for (_, a), (_, b) in zip(before, after))
+
+
+def test_a_lever_that_raises_names_the_layer_and_what_to_do():
+    """On JAX, `keras.RematScope` traces every argument of a layer's call,
+    so a call that branches on one (keras-hub's `ReversibleEmbedding` on
+    Gemma) cannot be recomputed; elsewhere it can."""
+
+    class Flip(keras.layers.Layer):
+        def call(self, x, reverse=False):
+            return -x if reverse else x
+
+    inputs = keras.Input((8,))
+    model = keras.Model(inputs, Flip(name="flip")(keras.layers.Dense(4)(inputs),
+                                                  reverse=False))
+    model.compile(optimizer="adam", loss="mse")
+    table = ways_to_fit(model, np.ones((4, 8), "float32"), np.zeros((4, 4), "float32"),
+                        levers=["remat"], combinations=False, verbose=0)
+    how = row(table, "remat")["how"]
+    if BACKEND != "jax":
+        assert how in ("measured", "plan")
+        return
+    assert how.startswith("not measured: Flip 'flip': TracerBoolConversionError")
+    assert "keep the layer out of the scope" in how
 
 
 @pytest.mark.parametrize("arguments, error, words", [
