@@ -15,7 +15,7 @@ from keras_memwatch.capacity.progress import Progress
 from keras_memwatch.measure.batches import Batches
 from keras_memwatch.measure.device import Device
 from keras_memwatch.measure.host_memory import host_available_bytes
-from keras_memwatch.measure.model_state import ModelState, build_for_training
+from keras_memwatch.measure.model_state import state_kept
 from keras_memwatch.capacity.result import CapacityEstimate
 from keras_memwatch.capacity.search import Search, host_largest_batch
 from keras_memwatch.configure.compilation_cache import use_compilation_cache
@@ -144,32 +144,30 @@ def estimate_max_batch_size(
     cache_directory = use_compilation_cache(cache, backend=backend)
     shown = Progress(verbose, callback, began)
     say = shown.line
-    build_for_training(model, data.take(1))
-    state = ModelState(model)
-    dev = Device(backend, device)
-    strategy = None
-    try:
-        strategy = _strategy(method, backend, dev, model, data, fresh_process, say)
-        key = (strategy.fingerprint() if cache_directory and sizes is None
-               and hasattr(strategy, "fingerprint") else None)
-        known = (stored_record.Stored([]) if key is None
-                 else stored_record.load(cache_directory, key))
-        if known.observations:
-            say(f"estimate_max_batch_size: {len(known.observations)} sizes from "
-                f"the estimate stored in {cache_directory}")
-        search = Search(strategy, dev.on_gpu,
-                        host_largest_batch(data.bytes_per_sample,
-                                           host_available_bytes()[0]),
-                        deadline=Deadline(max_seconds, began), progress=shown,
-                        known=known.observations)
-        search.stopped = known.stopped
-        evidence = search.run(headroom, sizes)
-        if key is not None and len(evidence.observations) > len(known.observations):
-            stored_record.save(cache_directory, key, evidence.observations,
-                               search.stopped)
-    finally:
+    with state_kept(model, data.take(1)):
+        dev = Device(backend, device)
+        strategy = None
         try:
-            state.restore()
+            strategy = _strategy(method, backend, dev, model, data, fresh_process,
+                                 say)
+            key = (strategy.fingerprint() if cache_directory and sizes is None
+                   and hasattr(strategy, "fingerprint") else None)
+            known = (stored_record.Stored([]) if key is None
+                     else stored_record.load(cache_directory, key))
+            if known.observations:
+                say(f"estimate_max_batch_size: {len(known.observations)} sizes "
+                    f"from the estimate stored in {cache_directory}")
+            search = Search(strategy, dev.on_gpu,
+                            host_largest_batch(data.bytes_per_sample,
+                                               host_available_bytes()[0]),
+                            deadline=Deadline(max_seconds, began), progress=shown,
+                            known=known.observations)
+            search.stopped = known.stopped
+            evidence = search.run(headroom, sizes)
+            if key is not None and len(evidence.observations) > len(
+                    known.observations):
+                stored_record.save(cache_directory, key, evidence.observations,
+                                   search.stopped)
         finally:
             if strategy is not None and hasattr(strategy, "close"):
                 strategy.close()

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator, Optional
 
 from keras_memwatch.variables import unique_variables
 
@@ -44,17 +45,21 @@ class ModelState:
 
     The state is every variable of the model (weights and seed-generator
     states), of its optimizer (slots, iteration counter, learning rate,
-    loss scale) and of its metrics, copied to host memory; on PyTorch also
-    each parameter's `.grad`, which a Keras train step leaves filled: moved
-    to host memory until `restore`, so that the device does not hold them
-    while steps are measured (Keras's own next step frees them first).
+    loss scale) and of its metrics, copied to host memory, and the global
+    dtype policy; on PyTorch also each parameter's `.grad`, which a Keras
+    train step leaves filled: moved to host memory until `restore`, so that
+    the device does not hold them while steps are measured (Keras's own
+    next step frees them first).
 
     Args:
         model: a compiled and built Keras model.
     """
 
     def __init__(self, model: Any):
+        import keras
+
         self.model = model
+        self.policy = keras.config.dtype_policy()
         self.variables = unique_variables(list(model.variables)
                                           + list(model.optimizer.variables)
                                           + list(model.metrics_variables))
@@ -70,7 +75,11 @@ class ModelState:
                 self.grads.append((tensor, grad))
 
     def restore(self) -> None:
-        """Puts every value (and `.grad`) copied back into the model."""
+        """Puts every value (and `.grad`) copied back into the model, and
+        the global dtype policy back."""
+        import keras
+
+        keras.config.set_dtype_policy(self.policy)
         for variable, value in zip(self.variables, self.values):
             variable.assign(value)
         for tensor, grad in self.grads:
@@ -80,3 +89,25 @@ class ModelState:
             # at its end); it would hold a second copy of every variable.
             self.model._jax_state = None
             self.model._jax_state_synced = True
+
+
+@contextlib.contextmanager
+def state_kept(model: Any, batch: Optional[tuple[Any, Any]] = None
+               ) -> Iterator[ModelState]:
+    """Builds `model` for training on `batch` (where given) and puts its
+    whole training state back when the block ends, however it ends.
+
+    Args:
+        model: a compiled Keras model.
+        batch: `(x, y)`, a batch of one sample; `None` for a built model.
+
+    Yields:
+        The `ModelState` copied.
+    """
+    if batch is not None:
+        build_for_training(model, batch)
+    state = ModelState(model)
+    try:
+        yield state
+    finally:
+        state.restore()

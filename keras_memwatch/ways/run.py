@@ -15,7 +15,7 @@ import pandas as pd
 from keras_memwatch import options
 from keras_memwatch.capacity.progress import Progress
 from keras_memwatch.measure.batches import Batches
-from keras_memwatch.measure.model_state import ModelState, build_for_training
+from keras_memwatch.measure.model_state import state_kept
 from keras_memwatch.configure.devices import device_label
 from keras_memwatch.units import format_bytes
 from keras_memwatch.variables import variable_bytes
@@ -138,15 +138,11 @@ def ways_to_fit(
 
     data = Batches(x, y)
     b = batch_size or data.n
-    build_for_training(model, data.take(1))
-    state = ModelState(model)
-    policy = keras.config.dtype_policy()
     try:
-        rows, combos, account, situation = _measure_all(
-            model, data, b, headroom, names, device, combinations, say, shown)
+        with state_kept(model, data.take(1)):
+            rows, combos, account, situation = _measure_all(
+                model, data, b, headroom, names, device, combinations, say, shown)
     finally:
-        state.restore()
-        keras.config.set_dtype_policy(policy)
         gc.collect()
     shown.done()
     as_is = account.as_is

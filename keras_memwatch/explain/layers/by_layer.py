@@ -140,14 +140,12 @@ def memory_by_layer(
     import keras
 
     from keras_memwatch.measure.batches import Batches
-    from keras_memwatch.measure.model_state import ModelState, build_for_training
+    from keras_memwatch.measure.model_state import state_kept
 
     data = Batches(x, y)
     size = batch_size or data.n
-    build_for_training(model, data.take(1))
-    state = ModelState(model)
     backend = keras.backend.backend()
-    try:
+    with state_kept(model, data.take(1)):
         if backend == "torch":
             return torch_step(model, data.take(size), expand_nested, expand_blocks)
         rows, outputs = trace_step(model, batch_spec(data.x, size), expand_nested,
@@ -158,8 +156,6 @@ def memory_by_layer(
         return by_layer_table(model, rows, shapes_activations(rows, outputs),
                               "shapes", working, words,
                               step_rows=[shapes_loss_row(outputs)])
-    finally:
-        state.restore()
 
 
 def memory_by_layer_of_fit(
@@ -200,10 +196,9 @@ def memory_by_layer_of_fit(
                       f"{breakdown['transient_source']}")
     rest_source = ("plan" if breakdown.get("transient_source") == "XLA plan"
                    else "measured")
-    from keras_memwatch.measure.model_state import ModelState
+    from keras_memwatch.measure.model_state import state_kept
 
-    state = ModelState(model)
-    try:
+    with state_kept(model):
         rows, outputs = trace_step(model, x_spec, expand_nested, expand_blocks)
         loss = [shapes_loss_row(outputs)]
         if keras.backend.backend() == "torch":
@@ -222,8 +217,6 @@ def memory_by_layer_of_fit(
                                    "shapes", working_bytes, working_source,
                                    rest_source=rest_source, step_rows=loss)
         table.attrs["grew"] = _grew(model, seen, x_spec, expand_nested)
-    finally:
-        state.restore()
     return table
 
 
