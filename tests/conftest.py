@@ -155,6 +155,26 @@ def tiny_data(n: int = 64, inputs: int = 8, seed: int = 0):
             rng.normal(size=(n, 1)).astype("float32"))
 
 
+def tiny_gpt2(vocabulary: int = 500, layers: int = 2, width: int = 32,
+              sequence: int = 32, optimizer: str = "adamw"):
+    """A keras-hub GPT-2 causal LM (skips where keras-hub is missing), and
+    token data for it: `(model, x, y)` with 4 samples of `sequence`
+    tokens."""
+    import keras
+
+    keras_hub = pytest.importorskip("keras_hub")
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=vocabulary, num_layers=layers, num_heads=2,
+        hidden_dim=width, intermediate_dim=2 * width, max_sequence_length=sequence)
+    model = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True))
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, vocabulary, (4, sequence + 1)).astype("int32")
+    x = {"token_ids": tokens[:, :-1], "padding_mask": np.ones((4, sequence), "bool")}
+    return model, x, tokens[:, 1:]
+
+
 def dense_model(optimizer):
     import keras
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from capacity_helpers import BACKEND, MIB, assert_same_state, conv_data, conv_model, state_of
+from conftest import tiny_gpt2
 from keras_memwatch.capacity import STEP, estimate_max_batch_size
 
 SIZES = (8, 32, 128)
@@ -111,18 +112,11 @@ def keras_hub():
     return pytest.importorskip("keras_hub")
 
 
-def test_a_keras_hub_gpt2_gets_an_answer(keras_hub):
-    backbone = keras_hub.models.GPT2Backbone(
-        vocabulary_size=500, num_layers=2, num_heads=2, hidden_dim=32,
-        intermediate_dim=64, max_sequence_length=32)
-    model = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
-    model.compile(optimizer="adamw", loss=keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True))
-    x = {"token_ids": np.ones((4, 32), "int32"),
-         "padding_mask": np.ones((4, 32), "bool")}
-    keras.Model.fit(model, x, np.ones((4, 32), "int32"), verbose=0)  # builds all
+def test_a_keras_hub_gpt2_gets_an_answer():
+    model, x, y = tiny_gpt2()
+    keras.Model.fit(model, x, y, verbose=0)  # builds all
     before = state_of(model)
-    estimate = estimate_max_batch_size(model, x, np.ones((4, 32), "int32"),
+    estimate = estimate_max_batch_size(model, x, y,
                                        trial_sizes=(32, 256, 1024))
     assert estimate.refusal == "", estimate.explanation
     # logits over the vocabulary: 32 x 500 floats a sample, at least

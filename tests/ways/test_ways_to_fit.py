@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import pytest
 
+from conftest import tiny_gpt2
 from keras_memwatch.explain.ways_text import format_ways
 from keras_memwatch.ways import LEVER_NAMES, ways_to_fit
 
@@ -196,16 +197,7 @@ def pd_na():
 
 
 def test_a_keras_hub_gpt2_gets_a_shorter_sequence():
-    keras_hub = pytest.importorskip("keras_hub")
-    backbone = keras_hub.models.GPT2Backbone(
-        vocabulary_size=1000, num_layers=1, num_heads=2, hidden_dim=16,
-        intermediate_dim=32, max_sequence_length=64)
-    model = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
-    model.compile(optimizer="adamw", loss=keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True))
-    x = {"token_ids": np.ones((4, 64), "int32"),
-         "padding_mask": np.ones((4, 64), "bool")}
-    y = np.ones((4, 64), "int32")
+    model, x, y = tiny_gpt2(vocabulary=1000, layers=1, width=16, sequence=64)
     keras.Model.fit(model, x, y, verbose=0)
     before = state_of(model)
     table = ways_to_fit(model, x, y, batch_size=16,
