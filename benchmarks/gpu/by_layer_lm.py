@@ -15,7 +15,11 @@ rest's share of the step's working memory, the rows' sum against the step
   batch 8 (held out in the first round; its GPU figures shaped the second);
 - `mistral`: held out (not run on a GPU while the code was written;
   Mistral, 4 layers, width 512, 8 query and 4 key-value heads, a sliding
-  window of 256 over sequences of 512), batch 8.
+  window of 256 over sequences of 512), batch 8;
+- `gemma`: held out from every change before 2026-12-05 (Gemma, 4 layers,
+  width 512, 8 query heads on 1 key-value head of 64, tied embeddings
+  that make the logits through `ReversibleEmbedding`), sequence 512,
+  batch 8.
 
 On PyTorch, before the split, each model takes one `fit` step (`--cold`
 skips it; JAX's split compiles the step and runs none), so
@@ -60,6 +64,8 @@ FULL = {
                   seq=512, batch=8),
     "mistral": dict(vocab=32000, layers=4, width=512, heads=8, kv_heads=4,
                     ffn=1536, seq=512, batch=8, window=256),
+    "gemma": dict(vocab=32000, layers=4, width=512, heads=8, kv_heads=1,
+                  head_dim=64, ffn=2048, seq=512, batch=8),
 }
 SMALL = {  # the sizes of tests/explain/test_by_layer_lm.py
     "gpt2": dict(vocab=8000, layers=2, width=64, heads=2, ffn=256, seq=64, batch=8),
@@ -69,6 +75,8 @@ SMALL = {  # the sizes of tests/explain/test_by_layer_lm.py
                   seq=64, batch=8),
     "mistral": dict(vocab=8000, layers=2, width=64, heads=4, kv_heads=2, ffn=128,
                     seq=64, batch=8, window=32),
+    "gemma": dict(vocab=8000, layers=2, width=64, heads=4, kv_heads=1, head_dim=16,
+                  ffn=128, seq=64, batch=8),
 }
 AGREE = 0.25  # within 25%
 
@@ -97,6 +105,12 @@ def build(name: str, c: dict[str, int]) -> Any:
             hidden_dim=c["width"], intermediate_dim=c["ffn"],
             sliding_window=c["window"])
         model = models.MistralCausalLM(backbone=backbone, preprocessor=None)
+    elif name == "gemma":
+        backbone = models.GemmaBackbone(
+            vocabulary_size=c["vocab"], num_layers=c["layers"],
+            num_query_heads=c["heads"], num_key_value_heads=c["kv_heads"],
+            hidden_dim=c["width"], intermediate_dim=c["ffn"], head_dim=c["head_dim"])
+        model = models.GemmaCausalLM(backbone=backbone, preprocessor=None)
     else:
         backbone = models.Qwen2Backbone(
             vocabulary_size=c["vocab"], num_layers=c["layers"],
@@ -282,7 +296,7 @@ def targets(run: dict[str, Any], agreement: Optional[tuple[int, int, int]]) -> s
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", action="store_true", help="tiny models (CPU)")
-    parser.add_argument("--models", default="gpt2,llama,mistral")
+    parser.add_argument("--models", default="gpt2,llama,mistral,gemma")
     parser.add_argument("--top", type=int, default=8, help="rows listed")
     parser.add_argument("--json", default=None, help="write the runs here")
     parser.add_argument("--compare", nargs=2, default=None, metavar="JSON")
@@ -300,9 +314,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         run = split(name, sizes[name], args.top, warm=not args.cold)
         runs.append(run)
         print(json.dumps({k: v for k, v in run.items() if k != "rows"}), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(runs, f, indent=1)
+        if args.json:  # after each model: a run cut off keeps what it did
+            with open(args.json, "w") as f:
+                json.dump(runs, f, indent=1)
     agreement = compare(args.against, runs) if args.against else {}
     for run in runs:
         print(targets(run, agreement.get(run["model"])))

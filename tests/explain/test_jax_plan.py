@@ -128,3 +128,32 @@ def test_a_plan_whose_peak_is_in_the_update_keeps_the_layers_activations():
     assert table["working_bytes"].sum() == table.attrs["working_bytes"]
     update = table.loc[UPDATE, "working_bytes"]
     assert (update > 0) == (table.attrs["peak_phase"] == "update")
+
+
+FUSED = f"""HloModule jit_train_step, is_scheduled=true
+
+%fused_computation (a: f32[1000]) -> f32[1000] {{
+  %a = f32[1000]{{0}} parameter(0)
+  %add = f32[1000]{{0}} add(%a, %a){meta(F + "/block/add")}
+  ROOT %n = f32[1000]{{0}} multiply(%add, %add){meta(F + "/block/norm/mul")}
+}}
+
+ENTRY %main (w: f32[1000], x: f32[1000]) -> f32[1000] {{
+  %w = f32[1000]{{0}} parameter(0)
+  %x = f32[1000]{{0}} parameter(1)
+  %h = f32[1000]{{0}} broadcast(%x), dimensions={{}}{meta(F + "/block/dense/dot_general")}
+  %f = f32[1000]{{0}} fusion(%h), kind=kLoop, calls=%fused_computation{meta(F + "/block/norm/mul")}
+  %g = f32[1000]{{0}} multiply(%f, %h){meta(B + "/block/norm/mul")}
+  ROOT %u = f32[1000]{{0}} add(%w, %g){meta("jit(train_step)/sgd/add")}
+}}
+"""
+
+
+def test_a_kept_fusion_says_whose_work_it_also_holds():
+    """XLA charges the fusion's buffer to its root's scope (`block/norm`),
+    though the residual add in it is the block's own work."""
+    plan = read_plan(FUSED, is_loss)
+    assert plan.kept == {"model/block/dense/dot_general": 4000,
+                         "model/block/norm/mul": 4000}
+    assert plan.fused == [("model/block/norm/mul", 4000,
+                           frozenset({"model/block/add", "model/block/norm/mul"}))]

@@ -1,9 +1,11 @@
-"""The PyTorch loss row (`explain/layers/steps.py`): what the autograd hooks
-saw, or, on a CUDA device, what the allocator saw where that is more."""
+"""The steps' rows (`explain/layers/steps.py`): PyTorch's loss row, what
+the autograd hooks saw or, on a CUDA device, what the allocator saw where
+that is more; on JAX, the notes that say where XLA's fusions move bytes
+between rows."""
 
 from __future__ import annotations
 
-from keras_memwatch.explain.layers.steps import _torch_loss
+from keras_memwatch.explain.layers.steps import _fusion_notes, _torch_loss
 from keras_memwatch.explain.layers.table import LOSS
 from keras_memwatch.explain.layers.torch_saved import SavedBytes
 
@@ -32,3 +34,29 @@ def test_the_torch_loss_row_takes_the_allocator_where_it_sees_more():
     fewer = _torch_loss(saved(loss_grad=32 * MIB, loss_backward=MIB,
                               loss_forward=MIB))
     assert (fewer.activation_bytes, fewer.grad_bytes) == (32 * MIB, 32 * MIB)
+
+
+def test_rows_say_where_xla_fusions_move_bytes_between_them():
+    """The fusion's buffer is the norm's figure on JAX, and PyTorch would
+    charge part of it to the block: both rows say so; a row whose work is
+    fused nowhere says nothing."""
+    paths = ["block", "block/norm", "block/dense"]
+
+    def row_of(scope):
+        return next((p for p in sorted(paths, key=len, reverse=True)
+                     if scope.startswith(p + "/")), None)
+
+    notes = _fusion_notes([("block/norm/mul", 4 * MIB,
+                            frozenset({"block/add", "block/norm/mul"}))],
+                          {"block/norm": 4 * MIB, "block": 0, "block/dense": MIB},
+                          row_of)
+    assert notes["block/norm"] == [
+        "4.0 MiB of it made by XLA fusions that also compute block's work "
+        "(charged here, to the fusion's result)"]
+    assert notes["block"] == ["part of its work kept in norm's buffers (XLA "
+                              "fused it there)"]
+    assert "block/dense" not in notes
+    # a small share of a row's kept bytes is not worth a note
+    assert _fusion_notes([("block/norm/mul", MIB // 8,
+                           frozenset({"block/add", "block/norm/mul"}))],
+                         {"block/norm": 4 * MIB, "block": 4 * MIB}, row_of) == {}

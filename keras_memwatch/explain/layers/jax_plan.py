@@ -30,6 +30,12 @@ the program's outputs live to its end) and gives:
 An instruction without metadata (a layout copy; on a GPU, a call of a
 command buffer and the elements it returns) takes the scope of what it
 computes: a called computation's root, else its nearest operand's.
+
+A fusion's buffer carries its root's scope, though the fusion may compute
+other layers' work too (a residual add fused into the dense before it,
+attention scores into their softmax): `Plan.fused` lists the kept
+buffers whose fusions hold forward work of other scopes, so that a row can
+say its figure follows XLA's fusions where PyTorch's would follow its ops.
 """
 
 from __future__ import annotations
@@ -202,6 +208,7 @@ class _Buffer:
     op_name: str
     last_read: int
     readers: set = dataclasses.field(default_factory=set)
+    work: frozenset = frozenset()
 
 
 @dataclasses.dataclass
@@ -228,6 +235,9 @@ class Plan:
             `peak_bytes - passes_peak_bytes`.
         other_at_peak: outer name scope -> bytes made outside both passes
             and live at the peak.
+        fused: `(scope, bytes, work)` of each kept buffer (in `kept` under
+            `scope`) made by a fusion that computes forward work of other
+            scopes too: `work`, those scopes.
     """
 
     kept: dict[Optional[str], int]
@@ -238,6 +248,44 @@ class Plan:
     peak_phase: str
     update_bytes: int
     other_at_peak: dict[str, int]
+    fused: list = dataclasses.field(default_factory=list)
+
+
+def _forward_work(computations: dict[str, list[Instruction]], ins: Instruction,
+                  element: int, memo: dict[str, frozenset]) -> frozenset:
+    """The forward-pass scopes of the work that makes element `element` of
+    `ins`: every instruction of a fusion's computations; through a call
+    (a GPU command buffer), the instruction its root returns there; empty
+    for an instruction that calls nothing."""
+    if not ins.calls:
+        return frozenset()
+    if ins.opcode == "fusion":
+        return frozenset().union(*(_fused_scopes(computations, c, memo)
+                                   for c in ins.calls))
+    body = computations.get(ins.calls[0])
+    if not body:
+        return frozenset()
+    root = body[-1]
+    local = {i.name: i for i in body}
+    part = (local.get(root.operands[element]) if root.opcode == "tuple"
+            and element < len(root.operands) else root)
+    return frozenset() if part is None else _forward_work(computations, part, 0, memo)
+
+
+def _fused_scopes(computations: dict[str, list[Instruction]], name: str,
+                  memo: dict[str, frozenset]) -> frozenset:
+    """The forward-pass scopes of a computation's instructions, and of the
+    computations they call."""
+    if name not in memo:
+        memo[name] = frozenset()  # a cycle, should one appear, ends here
+        scopes: set = set()
+        for ins in computations.get(name, ()):
+            if _phase(ins.op_name) == "forward":
+                scopes.add(_scope(ins.op_name))
+            for callee in ins.calls:
+                scopes |= _fused_scopes(computations, callee, memo)
+        memo[name] = frozenset(scopes - {None})
+    return memo[name]
 
 
 def _nearest(ins: Instruction, table: dict[str, Instruction]) -> str:
@@ -322,6 +370,7 @@ def read_plan(hlo: str, is_loss: Callable[[Optional[str]], bool]
         return None
     buffers: dict[str, list[str]] = {}  # instruction -> the buffers it names
     made: dict[str, _Buffer] = {}
+    memo: dict[str, frozenset] = {}
     phases: list[str] = []
     for i, (ins, op_names) in enumerate(resolved):
         reader = {_phase(n) for n in op_names}
@@ -350,7 +399,9 @@ def read_plan(hlo: str, is_loss: Callable[[Optional[str]], bool]
                 # other buffers, not bytes of its own.
                 start = ins.opcode.endswith("-start") and k == 0
                 size = 0 if start or shape.startswith("(") else _bytes(shape)
-                made[f"{ins.name}#{k}"] = _Buffer(i, size, op_names[k], i)
+                made[f"{ins.name}#{k}"] = _Buffer(
+                    i, size, op_names[k], i,
+                    work=_forward_work(computations, ins, k, memo))
         for operand in ins.operands:
             for b in buffers.get(operand, ()):
                 made[b].last_read = i
@@ -360,6 +411,7 @@ def read_plan(hlo: str, is_loss: Callable[[Optional[str]], bool]
     n = len(resolved) + 2
     change, loss_change, grad_change = [0] * n, [0] * n, [0] * n
     kept: dict[Optional[str], int] = {}
+    fused: list[tuple[Optional[str], int, frozenset]] = []
     for buffer in made.values():
         change[buffer.made_at] += buffer.size
         change[buffer.last_read + 1] -= buffer.size
@@ -373,6 +425,8 @@ def read_plan(hlo: str, is_loss: Callable[[Optional[str]], bool]
         else:
             if phase == "forward" and any(p == "backward" for p, _ in passes):
                 kept[scope] = kept.get(scope, 0) + buffer.size
+                if buffer.work - {scope}:
+                    fused.append((scope, buffer.size, buffer.work))
             continue
         into[buffer.made_at] += buffer.size
         into[buffer.last_read + 1] -= buffer.size
@@ -400,4 +454,4 @@ def read_plan(hlo: str, is_loss: Callable[[Optional[str]], bool]
         (p for p in reversed(phases[:peak_at + 1]) if p in ("forward", "backward")),
         "forward")
     return Plan(kept, loss_kept, loss_grad, peak, passes_peak, phase,
-                max(peak - passes_peak, 0), other)
+                max(peak - passes_peak, 0), other, fused)

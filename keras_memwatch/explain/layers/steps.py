@@ -31,6 +31,7 @@ __all__ = ["jax_step", "shapes_activations", "shapes_loss_row", "tensorflow_step
 _FUSED_SHARE = 0.5
 _DECOMPOSED = 2.5
 _NOTED = 0.001  # rows under this share of the step's working memory: no note
+_FUSION_NOTED = 0.25  # of a row's kept bytes, in fusions with other rows' work
 
 
 def _shapes_text(outputs: Sequence[tuple[tuple, str]]) -> str:
@@ -201,9 +202,12 @@ def jax_step(model: Any, batch: tuple[Any, Any], size: int,
                 random[row] = random.get(row, 0) + bytes_
     activations = {id(r.layer): by_path.get(r.path, 0) for r in rows}
     blocks = {p.rsplit("/", 1)[0] for p in paths if "/" in p}
+    fusions = _fusion_notes(plan.fused, by_path,
+                            lambda scope: jax_plan.row_of(scope, paths, model.name))
     notes = {id(r.layer): _jax_note(activations[id(r.layer)], shapes[id(r.layer)],
                                     random.get(r.path, 0), working,
-                                    r.path in blocks or not _composite(r.layer))
+                                    r.path in blocks or not _composite(r.layer),
+                                    fusions.get(r.path, ()))
              for r in rows}
     step_rows = _jax_step_rows(model, plan, working)
     step_rows[0].output_shape = _shapes_text(outputs)
@@ -222,11 +226,62 @@ def _composite(layer: Any) -> bool:
     return bool(flatten and list(flatten(include_self=False, recursive=False)))
 
 
-def _jax_note(kept: int, outputs: int, random: int, working: int, own: bool
-              ) -> str:
+def _fusion_notes(fused: Sequence[tuple[Optional[str], int, frozenset]],
+                  kept: dict[str, int], row_of: Any) -> dict[str, list[str]]:
+    """Per row, where XLA's fusions move bytes between it and other rows:
+    its kept buffers that fusions made with other rows' work, and its work
+    in other rows' kept buffers (each over `_FUSION_NOTED` of its kept
+    bytes). XLA charges a fused buffer to its root's layer; PyTorch charges
+    each saved tensor to the op that made it."""
+    holds: dict[str, int] = {}
+    holds_from: dict[str, set] = {}
+    given: dict[str, dict[str, int]] = {}
+    for scope, size, work in fused:
+        row = row_of(scope)
+        others = {row_of(w) for w in work} - {row, None}
+        if row is None or not others:
+            continue
+        holds[row] = holds.get(row, 0) + size
+        holds_from.setdefault(row, set()).update(others)
+        for other in others:
+            given.setdefault(other, {})
+            given[other][row] = given[other].get(row, 0) + size
+    notes: dict[str, list[str]] = {}
+    for row, size in holds.items():
+        if size >= _FUSION_NOTED * max(kept.get(row, 0), 1):
+            notes.setdefault(row, []).append(
+                f"{format_bytes(size)} of it made by XLA fusions that also compute "
+                f"{_names(holds_from[row], row)}'s work (charged here, to the fusion's "
+                "result)")
+    for row, into in given.items():
+        if sum(into.values()) >= _FUSION_NOTED * max(kept.get(row, 0), 1):
+            notes.setdefault(row, []).append(
+                f"part of its work kept in {_names(into, row)}'s buffers (XLA fused it "
+                "there)")
+    return notes
+
+
+def _names(paths: Any, row: str) -> str:
+    """Up to two rows' paths, each from where it leaves `row`'s path, and
+    how many more."""
+    def relative(path: str) -> str:
+        other, own = path.split("/"), row.split("/")
+        k = 0
+        while k < min(len(other) - 1, len(own)) and other[k] == own[k]:
+            k += 1
+        return "/".join(other[k:])
+
+    names = sorted(relative(str(p)) for p in paths)
+    more = f" and {len(names) - 2} more" if len(names) > 2 else ""
+    return ", ".join(names[:2]) + more
+
+
+def _jax_note(kept: int, outputs: int, random: int, working: int, own: bool,
+              fusions: Sequence[str] = ()) -> str:
     """Why a JAX row may keep other bytes than PyTorch saves (rows of at
     least `_NOTED` of the step's working memory). `own`: the row holds its
-    own work alone (a layer without parts, or an opened block)."""
+    own work alone (a layer without parts, or an opened block); `fusions`:
+    from `_fusion_notes`."""
     notes: list[str] = []
     if max(kept, outputs) < _NOTED * working:
         return ""
@@ -240,7 +295,7 @@ def _jax_note(kept: int, outputs: int, random: int, working: int, own: bool
         notes.append(f"keeps {kept / outputs:.1f}x its outputs: intermediates of "
                      "XLA's decomposition of its work (PyTorch's fused kernels, "
                      "such as layer_norm's, keep their input and small statistics)")
-    return "; ".join(notes)
+    return "; ".join(notes + list(fusions))
 
 
 def _jax_step_rows(model: Any, plan: Any, working: int) -> list[StepRow]:
