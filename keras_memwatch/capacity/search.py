@@ -59,6 +59,8 @@ from keras_memwatch.capacity.proposals import FAN, one_round, proposals
 
 MAX_CHECKS = 12
 MAX_AIMED = 24  # quick, aimed plans (JAX on a GPU): three rounds of eight
+#: How far below each answer the spare places of a round of checks reach.
+CHECKS_BELOW = 3
 
 
 class Strategy(Protocol):
@@ -308,6 +310,11 @@ class Search:
                 # above the ceiling, the spare sizes look further up
                 asks += [int(top * f) for f in FAN]
             asks = [b for b in dict.fromkeys(asks) if b not in exact][:width]
+            if asks:
+                # spare places of the round: the sizes just below each
+                # answer, which the next round would ask where a check shows
+                # the quick plans low at the answer
+                asks += _below(view, targets, exact | set(asks))[:width - len(asks)]
             if not asks or (rounds is not None and done >= rounds):
                 return [h for h in targets if not bracketed(real, h)]
             done += 1
@@ -372,3 +379,12 @@ class Search:
                             f"to {RESOLUTION:.0%} ({why})"
                             for h, why in self.open.items()))
 
+
+def _below(view: Evidence, targets: Sequence[float], asked: set) -> list[int]:
+    """The sizes just below each answer `view` gives, nearest first, taking
+    turns between the answers; none already in `asked`."""
+    answers = [b for b in (view.batch_size_for(h) for h in targets) if b]
+    out: list[int] = []
+    for k in range(1, CHECKS_BELOW + 1):
+        out += [b - k for b in answers if b - k > 0]
+    return [b for b in dict.fromkeys(out) if b not in asked]

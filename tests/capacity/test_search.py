@@ -195,6 +195,31 @@ def test_quick_plans_that_are_off_aim_again_and_still_decide_nothing():
     assert sum(kind == "check" for kind, _ in fake.rounds) <= 3
 
 
+def test_a_round_of_checks_also_asks_below_the_answers_it_has_room_for():
+    # As on the H200 (2026-12-05): the quick plan of 31 fits under the
+    # headroom, the plan as fit compiles it does not. The round that checks
+    # 31 and 32 has spare places: it asks 30 too, so that no second round
+    # is needed when 31 turns out not to fit.
+    def plans(b):
+        if b <= 16:
+            return (350 + 300 * b) * MIB
+        if b <= 30:
+            return (5148 + (b - 16) * 45) * MIB
+        return 6000 * MIB if b == 31 else (7607 + 240 * (b - 32)) * MIB
+
+    def quick(b):
+        return 5780 * MIB if b == 31 else plans(b)
+
+    fake = FakeStrategy(plans, how=PLAN, ladder_width=8, check_width=4,
+                        limit=8 * GIB, in_use=1480 * MIB, aimed=quick)
+    ev = S.Search(fake, on_gpu=True, host_largest=None).run(0.1, None)
+    room = 8 * GIB - 1480 * MIB
+    assert ev.batch_size_for(0.0) == largest(plans, room) == 31
+    assert ev.batch_size_for(0.1) == largest(plans, room - 0.8 * GIB) == 30
+    checks = [sizes for kind, sizes in fake.rounds if kind == "check"]
+    assert len(checks) == 1 and 30 in checks[0] and len(checks[0]) <= 4
+
+
 def test_checks_that_run_out_say_which_answers_they_left_open(monkeypatch):
     monkeypatch.setattr(S, "MAX_CHECKS", 2)
     need, reported = allocator()
