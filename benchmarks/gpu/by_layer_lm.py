@@ -293,6 +293,24 @@ def targets(run: dict[str, Any], agreement: Optional[tuple[int, int, int]]) -> s
     return " ".join(parts)
 
 
+def _keep_hlo(folder: str, name: str) -> None:
+    """Writes the HLO text the JAX split reads to `folder/<name>.hlo.gz`."""
+    import gzip
+    import os
+
+    from keras_memwatch.explain.layers import jax_plan
+
+    read = getattr(jax_plan.read_plan, "__wrapped__", jax_plan.read_plan)
+
+    def keeping(hlo: str, is_loss: Any) -> Any:
+        with gzip.open(os.path.join(folder, f"{name}.hlo.gz"), "wt") as f:
+            f.write(hlo)
+        return read(hlo, is_loss)
+
+    keeping.__wrapped__ = read  # type: ignore[attr-defined]
+    jax_plan.read_plan = keeping
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", action="store_true", help="tiny models (CPU)")
@@ -304,6 +322,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="the other backend's runs: print the agreement")
     parser.add_argument("--cold", action="store_true",
                         help="split the model's first step (no fit step before)")
+    parser.add_argument("--hlo-dir", default=None, metavar="DIR",
+                        help="JAX: keep each model's compiled step, as the split "
+                             "read it, in DIR/<model>.hlo.gz (to read it again "
+                             "elsewhere with jax_plan.read_plan)")
     args = parser.parse_args(argv)
     if args.compare:
         compare(*args.compare)
@@ -311,6 +333,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     sizes = SMALL if args.small else FULL
     runs = []
     for name in args.models.split(","):
+        if args.hlo_dir:
+            _keep_hlo(args.hlo_dir, name)
         run = split(name, sizes[name], args.top, warm=not args.cold)
         runs.append(run)
         print(json.dumps({k: v for k, v in run.items() if k != "rows"}), flush=True)
