@@ -157,3 +157,16 @@ def test_a_kept_fusion_says_whose_work_it_also_holds():
                          "model/block/norm/mul": 4000}
     assert plan.fused == [("model/block/norm/mul", 4000,
                            frozenset({"model/block/add", "model/block/norm/mul"}))]
+
+
+def test_the_logits_are_the_losss_though_a_layers_backward_pass_reads_them():
+    """On a GPU, XLA fuses the log-softmax's gradient into the backward
+    matmul of the layer that made the logits: that layer's backward pass
+    reads the logits, and they still belong to the loss."""
+    fused_backward = program(update_floats=10).replace(
+        '%g1 = f32[2000]{0} multiply(%h1, %glog)',
+        '%g1 = f32[2000]{0} multiply(%h1, %logits)')
+    plan = read_plan(fused_backward, is_loss)
+    assert plan.kept == {"model/dense/dot_general": 4000,
+                         "model/dense_1/dot_general": 8000}  # no logits here
+    assert plan.loss_kept >= 2 * 2000  # the logits and their log-softmax

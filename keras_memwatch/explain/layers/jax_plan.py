@@ -23,7 +23,8 @@ the program's outputs live to its end) and gives:
   instruction: what the update, after it, adds to the step is the
   difference;
 - the loss's buffers where the most of them are live at once: those of
-  its forward pass and those only the loss reads (the logits, their
+  its forward pass, those its forward pass reads (the logits, though a
+  layer's backward pass may read them too) or only the loss reads (their
   log-softmax), and those of its backward pass (the gradient of the
   logits).
 
@@ -420,8 +421,12 @@ def read_plan(hlo: str, is_loss: Callable[[Optional[str]], bool]
         if phase == "backward" and is_loss(scope):
             into = grad_change
         elif phase == "forward" and (is_loss(scope) or passes and all(
-                is_loss(s) for _, s in passes)):
-            into = loss_change  # the loss's, or what only the loss reads
+                is_loss(s) for _, s in passes) or any(
+                p == "forward" and is_loss(s) for p, s in passes)):
+            # the loss's, what only the loss reads, and the model's outputs
+            # the loss takes, though a layer's backward pass reads them too
+            # (a GPU fuses the log-softmax's gradient into the logits' matmul)
+            into = loss_change
         else:
             if phase == "forward" and any(p == "backward" for p, _ in passes):
                 kept[scope] = kept.get(scope, 0) + buffer.size
