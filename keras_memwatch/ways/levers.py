@@ -183,6 +183,11 @@ class Remat(Lever):
                 "more compute, same results)")
 
     def failure_hint(self, error: BaseException) -> str:
+        if "custom_gradient" in str(error):
+            return ("on TensorFlow, Keras recomputes a layer through "
+                    "`tf.custom_gradient`, which takes no keyword arguments in a "
+                    "compiled step: compile with `run_eagerly=True` (slower), or "
+                    "recompute on JAX or PyTorch")
         if type(error).__name__ != "TracerBoolConversionError":
             return ""
         return ("on JAX, a rematerialized layer's call gets every argument traced, "

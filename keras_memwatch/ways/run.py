@@ -259,9 +259,16 @@ def _failed(error: BaseException, lever: Optional[Lever] = None) -> str:
     the error's first line, and the lever's hint."""
     error = _raised(error)
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))  # Keras's bold
+    where = _failing_layer(error)
+    # Keras's re-raise: "Exception encountered when calling X.call().",
+    # the error's own message, then the arguments the call received
+    keras_words = re.match(r"Exception encountered when calling (\S+?)\.call\(\)\.?"
+                           r"(.*?)(?:Arguments received by|$)", text, re.S)
+    if keras_words:
+        where = where or keras_words.group(1)
+        text = keras_words.group(2)
     words = " ".join(line.strip() for line in text.splitlines() if line.strip())
     words = re.split(r"(?<=\.)\s", words, maxsplit=1)[0]  # its first sentence
-    where = _failing_layer(error)
     hint = "" if lever is None else lever.failure_hint(error)
     return (f"not measured: {where + ': ' if where else ''}"
             f"{type(error).__name__}: {words[:200].rstrip('.')}"

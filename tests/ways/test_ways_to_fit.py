@@ -212,7 +212,7 @@ def test_a_keras_hub_gpt2_gets_a_shorter_sequence():
     change = row(table, "remat_layers")["change"]
     named = ast.literal_eval(re.search(r"layer_names=(\[.*?\])", change).group(1))
     layers = {layer.name for layer in model._flatten_layers(recursive=True)}
-    assert "transformer_layer_0" in named and set(named) <= layers
+    assert named and set(named) <= layers
     after = state_of(model)
     assert all(a.tobytes() == b.tobytes() for (_, a), (_, b) in zip(before, after))
 
@@ -220,7 +220,8 @@ def test_a_keras_hub_gpt2_gets_a_shorter_sequence():
 def test_a_lever_that_raises_names_the_layer_and_what_to_do():
     """On JAX, `keras.RematScope` traces every argument of a layer's call,
     so a call that branches on one (keras-hub's `ReversibleEmbedding` on
-    Gemma) cannot be recomputed; elsewhere it can."""
+    Gemma) cannot be recomputed; on TensorFlow, recomputation takes no
+    keyword arguments in a compiled step; on PyTorch it runs."""
 
     class Flip(keras.layers.Layer):
         def call(self, x, reverse=False):
@@ -233,11 +234,14 @@ def test_a_lever_that_raises_names_the_layer_and_what_to_do():
     table = ways_to_fit(model, np.ones((4, 8), "float32"), np.zeros((4, 4), "float32"),
                         levers=["remat"], combinations=False, verbose=0)
     how = row(table, "remat")["how"]
-    if BACKEND != "jax":
-        assert how in ("measured", "plan")
-        return
-    assert how.startswith("not measured: Flip 'flip': TracerBoolConversionError")
-    assert "keep the layer out of the scope" in how
+    if BACKEND == "torch":
+        assert how == "measured"
+    elif BACKEND == "tensorflow":
+        assert how.startswith("not measured: ") and "custom_gradient" in how
+        assert "run_eagerly=True" in how
+    else:
+        assert how.startswith("not measured: Flip 'flip': TracerBoolConversionError")
+        assert "keep the layer out of the scope" in how
 
 
 @pytest.mark.parametrize("arguments, error, words", [
