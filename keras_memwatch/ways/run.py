@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
-import re
 import time
 from typing import Any, Callable, Optional, Union
 
@@ -22,6 +21,7 @@ from keras_memwatch.variables import variable_bytes
 from keras_memwatch.ways import table as T
 from keras_memwatch.ways.levers import (LEVER_NAMES, REMAT_LAYERS, Lever, Situation,
                                         all_levers, combined)
+from keras_memwatch.ways.failure import failure_words
 from keras_memwatch.ways.measure import Measured, measure
 from keras_memwatch.ways.variant import Setting, realized
 
@@ -231,7 +231,7 @@ def _lever_row(lever: Lever, s: Situation, model: Any, data: Batches, b: int,
         m = _measure(model, data, b, setting, headroom, device, say)
     except Exception as e:  # noqa: BLE001 - the lever's failure is its row
         logger.info("ways_to_fit: %s could not be measured: %r", lever.name, e)
-        return T.unmeasured_row(lever.name, lever.change(s), _failed(e, lever),
+        return T.unmeasured_row(lever.name, lever.change(s), failure_words(e, lever),
                                 lever.note(s)), None
     s.rooms[lever.name] = (m.held_bytes, m.widened_bytes)
     return T.measured_row(lever.name, lever.change(s), lever.note(s), m, account,
@@ -249,61 +249,9 @@ def _group_row(group: list[Lever], s: Situation, model: Any, data: Batches, b: i
     try:
         m = _measure(model, data, b, setting, headroom, device, say)
     except Exception as e:  # noqa: BLE001
-        return T.unmeasured_row(name, change, _failed(e), notes)
+        return T.unmeasured_row(name, change, failure_words(e), notes)
     s.rooms[name] = (m.held_bytes, m.widened_bytes)
     return T.measured_row(name, change, notes, m, account, setting.accumulation)
-
-
-def _failed(error: BaseException, lever: Optional[Lever] = None) -> str:
-    """A row's `how` where measuring raised: the layer whose call raised,
-    the error's first line, and the lever's hint."""
-    error = _raised(error)
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))  # Keras's bold
-    where = _failing_layer(error)
-    # Keras's re-raise: "Exception encountered when calling X.call().",
-    # the error's own message, then the arguments the call received
-    keras_words = re.match(r"Exception encountered when calling (\S+?)\.call\(\)\.?"
-                           r"(.*?)(?:Arguments received by|$)", text, re.S)
-    if keras_words:
-        where = where or keras_words.group(1)
-        text = keras_words.group(2)
-    words = " ".join(line.strip() for line in text.splitlines() if line.strip())
-    words = re.split(r"(?<=\.)\s", words, maxsplit=1)[0]  # its first sentence
-    hint = "" if lever is None else lever.failure_hint(error)
-    return (f"not measured: {where + ': ' if where else ''}"
-            f"{type(error).__name__}: {words[:200].rstrip('.')}"
-            f"{'; ' + hint if hint else ''}")
-
-
-def _raised(error: BaseException) -> BaseException:
-    """The error a step raised. Keras re-raises a layer's error as a new one
-    of its class with the layer's name in the message; where that class
-    cannot be made from a message (JAX's tracer errors take a tracer), the
-    re-raise fails while building it, and the step's error is its context."""
-    tb = error.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    if tb is not None and error.__context__ is not None \
-            and tb.tb_frame.f_code.co_name == "__init__" \
-            and isinstance(tb.tb_frame.f_locals.get("self"), BaseException):
-        return error.__context__
-    return error
-
-
-def _failing_layer(error: BaseException) -> str:
-    """`"Class 'name'"` of the innermost layer whose `call` the error went
-    through, or `""`."""
-    import keras
-
-    found = ""
-    tb = error.__traceback__
-    while tb is not None:
-        frame = tb.tb_frame
-        layer = frame.f_locals.get("self")
-        if frame.f_code.co_name == "call" and isinstance(layer, keras.layers.Layer):
-            found = f"{type(layer).__name__} {layer.name!r}"
-        tb = tb.tb_next
-    return found
 
 
 def _accumulation(model: Any, b: int, as_is: Measured, account: T.Account) -> int:

@@ -1,0 +1,64 @@
+"""Why a lever could not be measured, in words: the error a step raised
+(behind Keras's re-raise), the layer whose call raised it, and what the
+lever says to do."""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from keras_memwatch.ways.levers import Lever
+
+__all__ = ["failure_words"]
+
+
+def failure_words(error: BaseException, lever: Optional[Lever] = None) -> str:
+    """A row's `how` where measuring raised: the layer whose call raised,
+    the error's first line, and the lever's hint."""
+    error = _raised(error)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))  # Keras's bold
+    where = _failing_layer(error)
+    # Keras's re-raise: "Exception encountered when calling X.call().",
+    # the error's own message, then the arguments the call received
+    keras_words = re.match(r"Exception encountered when calling (\S+?)\.call\(\)\.?"
+                           r"(.*?)(?:Arguments received by|$)", text, re.S)
+    if keras_words:
+        where = where or keras_words.group(1)
+        text = keras_words.group(2)
+    words = " ".join(line.strip() for line in text.splitlines() if line.strip())
+    words = re.split(r"(?<=\.)\s", words, maxsplit=1)[0]  # its first sentence
+    hint = "" if lever is None else lever.failure_hint(error)
+    return (f"not measured: {where + ': ' if where else ''}"
+            f"{type(error).__name__}: {words[:200].rstrip('.')}"
+            f"{'; ' + hint if hint else ''}")
+
+
+def _raised(error: BaseException) -> BaseException:
+    """The error a step raised. Keras re-raises a layer's error as a new one
+    of its class with the layer's name in the message; where that class
+    cannot be made from a message (JAX's tracer errors take a tracer), the
+    re-raise fails while building it, and the step's error is its context."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is not None and error.__context__ is not None \
+            and tb.tb_frame.f_code.co_name == "__init__" \
+            and isinstance(tb.tb_frame.f_locals.get("self"), BaseException):
+        return error.__context__
+    return error
+
+
+def _failing_layer(error: BaseException) -> str:
+    """`"Class 'name'"` of the innermost layer whose `call` the error went
+    through, or `""`."""
+    import keras
+
+    found = ""
+    tb = error.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        layer = frame.f_locals.get("self")
+        if frame.f_code.co_name == "call" and isinstance(layer, keras.layers.Layer):
+            found = f"{type(layer).__name__} {layer.name!r}"
+        tb = tb.tb_next
+    return found
