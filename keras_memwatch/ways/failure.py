@@ -35,17 +35,29 @@ def failure_words(error: BaseException, lever: Optional[Lever] = None) -> str:
 
 def _raised(error: BaseException) -> BaseException:
     """The error a step raised. Keras re-raises a layer's error as a new one
-    of its class with the layer's name in the message; where that class
-    cannot be made from a message (JAX's tracer errors take a tracer), the
-    re-raise fails while building it, and the step's error is its context."""
+    of its class with the layer's name in the message, once per layer it
+    went through; where that class cannot be made from a message (JAX's
+    tracer errors take a tracer), the re-raise fails while building it.
+    Both are followed back to the error they were handling."""
+    seen = set()
+    while error.__context__ is not None and id(error) not in seen:
+        seen.add(id(error))
+        rewrapped = (type(error.__context__) is type(error) and re.sub(
+            r"\x1b\[[0-9;]*m", "", str(error)).startswith(
+                "Exception encountered when calling"))
+        if not (rewrapped or _building_an_error(error)):
+            break
+        error = error.__context__
+    return error
+
+
+def _building_an_error(error: BaseException) -> bool:
+    """Whether `error` was raised inside another error's `__init__`."""
     tb = error.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
-    if tb is not None and error.__context__ is not None \
-            and tb.tb_frame.f_code.co_name == "__init__" \
-            and isinstance(tb.tb_frame.f_locals.get("self"), BaseException):
-        return error.__context__
-    return error
+    return (tb is not None and tb.tb_frame.f_code.co_name == "__init__"
+            and isinstance(tb.tb_frame.f_locals.get("self"), BaseException))
 
 
 def _failing_layer(error: BaseException) -> str:
