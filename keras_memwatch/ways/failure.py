@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
+from keras_memwatch.oom_errors import error_text
 from keras_memwatch.ways.levers import Lever
 
 __all__ = ["failure_words"]
@@ -16,7 +17,7 @@ def failure_words(error: BaseException, lever: Optional[Lever] = None) -> str:
     """A row's `how` where measuring raised: the layer whose call raised,
     the error's first line, and the lever's hint."""
     error = _raised(error)
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))  # Keras's bold
+    text = error_text(error)  # without Keras's bold
     where = _failing_layer(error)
     # Keras's re-raise: "Exception encountered when calling X.call().",
     # the error's own message, then the arguments the call received
@@ -42,9 +43,8 @@ def _raised(error: BaseException) -> BaseException:
     seen = set()
     while error.__context__ is not None and id(error) not in seen:
         seen.add(id(error))
-        rewrapped = (type(error.__context__) is type(error) and re.sub(
-            r"\x1b\[[0-9;]*m", "", str(error)).startswith(
-                "Exception encountered when calling"))
+        rewrapped = (type(error.__context__) is type(error) and error_text(
+            error).startswith("Exception encountered when calling"))
         if not (rewrapped or _building_an_error(error)):
             break
         error = error.__context__
