@@ -209,7 +209,7 @@ class _Buffer:
     op_name: str
     last_read: int
     readers: set = dataclasses.field(default_factory=set)
-    work: frozenset = frozenset()
+    element: int = 0  # which element of its instruction's result it is
 
 
 @dataclasses.dataclass
@@ -400,9 +400,8 @@ def read_plan(hlo: str, is_loss: Callable[[Optional[str]], bool]
                 # other buffers, not bytes of its own.
                 start = ins.opcode.endswith("-start") and k == 0
                 size = 0 if start or shape.startswith("(") else _bytes(shape)
-                made[f"{ins.name}#{k}"] = _Buffer(
-                    i, size, op_names[k], i,
-                    work=_forward_work(computations, ins, k, memo))
+                made[f"{ins.name}#{k}"] = _Buffer(i, size, op_names[k], i,
+                                                  element=k)
         for operand in ins.operands:
             for b in buffers.get(operand, ()):
                 made[b].last_read = i
@@ -430,8 +429,10 @@ def read_plan(hlo: str, is_loss: Callable[[Optional[str]], bool]
         else:
             if phase == "forward" and any(p == "backward" for p, _ in passes):
                 kept[scope] = kept.get(scope, 0) + buffer.size
-                if buffer.work - {scope}:
-                    fused.append((scope, buffer.size, buffer.work))
+                work = _forward_work(computations, resolved[buffer.made_at][0],
+                                     buffer.element, memo)
+                if work - {scope}:
+                    fused.append((scope, buffer.size, work))
             continue
         into[buffer.made_at] += buffer.size
         into[buffer.last_read + 1] -= buffer.size
