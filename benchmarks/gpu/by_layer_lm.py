@@ -205,7 +205,7 @@ def split(name: str, c: dict[str, int], top: int, warm: bool = True
         "reference_bytes": ref, "reference_source": ref_words,
         "rows_sum_over_reference": (None if not ref or explained is None
                                     else round(explained / ref, 3)),
-        "update_bytes": _int(table.set_index("layer").loc[UPDATE, "working_bytes"]),
+        "update_bytes": _int(table.set_index("layer")["working_bytes"].get(UPDATE)),
         # JAX: the phase of the plan's peak, the forward bytes the backward
         # pass reads and those of no row; PyTorch: every saved tensor and
         # what was in use as the backward pass began.
@@ -301,6 +301,7 @@ def _keep_hlo(folder: str, name: str) -> None:
     from keras_memwatch.explain.layers import jax_plan
 
     read = getattr(jax_plan.read_plan, "__wrapped__", jax_plan.read_plan)
+    os.makedirs(folder, exist_ok=True)
 
     def keeping(hlo: str, is_loss: Any) -> Any:
         with gzip.open(os.path.join(folder, f"{name}.hlo.gz"), "wt") as f:

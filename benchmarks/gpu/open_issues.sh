@@ -28,11 +28,11 @@ layers_torch() { run 300 layers-torch env KERAS_BACKEND=torch python3 -m benchma
   --json "$out/torch.json"; }
 # compiles only: JAX's allocator need not take the card
 layers_jax() { run 300 layers-jax env KERAS_BACKEND=jax XLA_PYTHON_CLIENT_PREALLOCATE=false \
-  python3 -m benchmarks.gpu.by_layer_lm --json "$out/jax.json"; }
+  python3 -m benchmarks.gpu.by_layer_lm --json "$out/jax.json" --hlo-dir "$out/hlo"; }
 ways_torch() { run 300 ways-torch env KERAS_BACKEND=torch python3 -m benchmarks.gpu.ways_check gpt2 \
   --limit-mb 8192 --batch 16 --levers mixed_precision,adafactor,sgd_momentum,gradient_accumulation \
   --no-combinations --verify; }
-ways_jax() { run 300 ways-jax env KERAS_BACKEND=jax python3 -m benchmarks.gpu.ways_check gpt2 \
+ways_jax() { run 520 ways-jax env KERAS_BACKEND=jax python3 -m benchmarks.gpu.ways_check gpt2 \
   --limit-mb 8192 --batch 48 --levers mixed_precision,sgd_momentum,shorter_sequence --no-combinations; }
 compare_layers() {
   if [ -s "$out/torch.json" ] && [ -s "$out/jax.json" ]; then

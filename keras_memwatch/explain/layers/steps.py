@@ -14,6 +14,7 @@ own (the loss, the optimizer update).
 from __future__ import annotations
 
 import gc
+import logging
 from collections.abc import Sequence
 from typing import Any, Optional
 
@@ -23,6 +24,8 @@ from keras_memwatch.explain.layers.calls import LayerCalls
 from keras_memwatch.explain.layers.shapes import output_bytes
 from keras_memwatch.explain.layers.table import LOSS, UPDATE, StepRow, by_layer_table
 from keras_memwatch.units import format_bytes
+
+logger = logging.getLogger("keras_memwatch")
 
 __all__ = ["jax_step", "shapes_activations", "shapes_loss_row", "tensorflow_step",
            "torch_step"]
@@ -186,7 +189,10 @@ def jax_step(model: Any, batch: tuple[Any, Any], size: int,
 
     try:
         plan = jax_plan.read_plan(compiled.as_text(), is_loss)
-    except Exception:  # an HLO text this parser does not know: shapes instead
+    except Exception as e:  # an HLO text this parser does not know: shapes instead
+        logger.warning("memory_by_layer: XLA's plan could not be read (%s: %s); "
+                       "the rows are read from the layers' output shapes",
+                       type(e).__name__, e)
         plan = None
     if plan is None:
         return by_layer_table(model, rows, shapes_activations(rows, outputs),
