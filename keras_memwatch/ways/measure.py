@@ -9,9 +9,11 @@ the host's peak resident memory on a CPU). On JAX the plan serves on the
 host too: the host's resident memory keeps what an earlier variant
 freed, so variants measured one after another by it do not compare
 (`docs/ways-to-fit.md`). The sizes asked about are the device batch and
-half of it (the line through them reaches the sizes beyond). On PyTorch
-and TensorFlow with a GPU, the capacity search then checks the answer
-near the limit, as it checks an estimate's (`capacity.search.Search`).
+half of it (the line through them reaches the sizes beyond). On a GPU,
+the capacity search then brackets the largest batch near the limit, as it
+brackets an estimate's answers (`capacity.search.Search`: real steps on
+PyTorch and TensorFlow, quick plans that aim and plans as `fit` compiles
+them that decide on JAX).
 
 One account serves every variant, so that they compare: the memory in use
 apart from the model's training state (the runtime, other buffers) is
@@ -189,6 +191,9 @@ def measure(variant: Variant, device: Optional[str], headroom: float,
             if planned:
                 observations, seconds = _planned(strategy, model, data, sizes,
                                                  variant.batch_size)
+                if dev.on_gpu and strategy.limit is not None:
+                    observations = _bracketed(strategy, observations, headroom,
+                                              variant.held_bytes)
                 how = PLANNED
             else:
                 search = Search(strategy, dev.on_gpu, host_largest)
@@ -231,6 +236,20 @@ def _planned(strategy: Any, model: Any, data: Any, sizes: list[int],
     seconds = _timed(model, data, batch, observations, strategy.limit,
                      strategy.in_use)
     return observations, seconds
+
+
+def _bracketed(strategy: Any, observations: list[Observation], headroom: float,
+               held_bytes: int) -> list[Observation]:
+    """The plans at the wanted batch and half of it, then the estimate's
+    aims and checks (`Search`), until the record brackets the largest batch
+    under `headroom` and under the whole limit, in the room of the variant
+    alone (the user's state held beside it, `held_bytes`, left out)."""
+    strategy.in_use -= held_bytes
+    try:
+        search = Search(strategy, True, None, known=observations)
+        return list(search.run(headroom, None).observations)
+    finally:
+        strategy.in_use += held_bytes
 
 
 def _timed(model: Any, data: Any, batch: int, plans: list[Observation],

@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_memwatch.capacity.evidence import STEP, Observation
+from keras_memwatch.capacity.evidence import AIMED, PLAN, STEP, Observation
 from keras_memwatch.variables import variable_bytes
 from keras_memwatch.ways import measure, room, ways_to_fit
 from keras_memwatch.ways.room import state_variables
@@ -171,3 +171,73 @@ def test_each_row_reads_its_own_need_and_none_lies_above_the_variant_alone(
     if not widens:  # read in the room its steps met: the user's state beside
         assert table.loc["mixed_precision", "largest_batch"] <= (
             space - state - held) // (32 * KIB)
+
+
+class FakePlans:
+    """XLA's plans on a fake GPU (JAX): a plan grows with the batch up to
+    `KNEE`, where XLA starts recomputing activations, and a quarter as fast
+    beyond; the quick plans (`aim`) read 10% high. Compiling a size that
+    does not fit is harmless."""
+
+    how = PLAN
+    above_limit = True
+    aims = True
+    ladder_width, check_width = 8, 4
+    words = limit_words = "a fake GPU"
+    KNEE = 128
+
+    def __init__(self, gpu, model):
+        self.in_use = gpu.in_use(model)
+        self.limit = gpu.cap
+        self.need = per_sample(model)
+        self.checked: list[int] = []
+
+    def plan(self, b):
+        return self.need * (min(b, self.KNEE) + max(b - self.KNEE, 0) // 4)
+
+    def ladder(self, sizes):
+        return [Observation(b, int(1.1 * self.plan(b)), AIMED, ladder=True)
+                for b in sizes]
+
+    def aim(self, sizes):
+        return [Observation(b, int(1.1 * self.plan(b)), AIMED) for b in sizes]
+
+    def check(self, sizes):
+        self.checked += sizes
+        return [Observation(b, self.plan(b), PLAN) for b in sizes]
+
+
+def test_on_jax_with_a_gpu_each_row_brackets_its_largest_batch(monkeypatch):
+    # Where XLA recomputes, the plans at the wanted batch and half of it do
+    # not say where the room ends: the estimate's aims and checks bracket
+    # it, in the room of the variant alone.
+    model, x, y = model_and_data()
+    keras.Model.fit(model, x, y, verbose=0)
+    state = measure.state_bytes(model)
+    gpu = FakeGpu(model, BASE + state + 153 * 64 * KIB)
+    strategies = []
+
+    def plans(m, data, dev, progress):
+        strategies.append(FakePlans(gpu, m))
+        return strategies[-1]
+
+    monkeypatch.setattr(measure, "Device", FakeDevice)
+    monkeypatch.setattr(measure, "strategy_for", plans)
+    monkeypatch.setattr(room, "widened", lambda *a: contextlib.nullcontext(0))
+    table = ways_to_fit(model, x, y, batch_size=WANTED, headroom=0.0,
+                        levers=["mixed_precision", "sgd_momentum"],
+                        combinations=False).set_index("lever")
+    space = gpu.cap - BASE
+    slot = variable_bytes(model.trainable_variables)
+    for lever, state_, need in (("as is", state, 64 * KIB),
+                                ("mixed_precision", state, 32 * KIB),
+                                ("sgd_momentum", state - slot, 64 * KIB)):
+        fake = FakePlans(gpu, model)
+        fake.need = need
+        truth = max(b for b in range(1, 4 * WANTED)
+                    if fake.plan(b) <= space - state_)
+        largest = table.loc[lever, "largest_batch"]
+        assert 0.97 * truth <= largest <= truth, (lever, largest, truth)
+    # the wanted batch's plan and half of it alone would say 128 as it is
+    assert table.loc["as is", "largest_batch"] > FakePlans.KNEE
+    assert all(len(s.checked) > 2 for s in strategies)
