@@ -171,6 +171,21 @@ def test_jax_charges_what_the_plan_keeps_for_the_backward_pass_to_layers():
     assert table["activation_bytes"].sum() <= table.attrs["working_bytes"]
 
 
+@pytest.mark.skipif(BACKEND != "jax", reason="XLA's plan of the JAX step")
+def test_jax_says_so_when_the_plan_cannot_be_read_and_uses_the_shapes(
+        monkeypatch, caplog):
+    from keras_memwatch.explain.layers import jax_plan
+
+    def unreadable(hlo, is_loss):
+        raise ValueError("an HLO text this parser does not know")
+
+    monkeypatch.setattr(jax_plan, "read_plan", unreadable)
+    with caplog.at_level("WARNING", logger="keras_memwatch"):
+        table = memory_by_layer(convnet(), *images(), batch_size=32)
+    assert set(table["source"].iloc[:-1]) == {"shapes"}
+    assert "XLA's plan could not be read (ValueError: an HLO text" in caplog.text
+
+
 # -- PyTorch: autograd's saved tensors ----------------------------------------
 
 
