@@ -11,6 +11,8 @@ does it run?"; this module decides which b to ask about:
    whose own arrays would take more than `HOST_BATCH` of the host's
    available memory; on the host it stops after a step slower than
    `SLOW_S` (the answer then says how far beyond the ladder it lies).
+   Where the strategy has quick plans, the first round's spare places
+   hold quick plans `BEYOND` the ladder, which aim only.
 2. On a GPU, the checks: the answer under the headroom and, where sizes
    above the limit may be tried (XLA's plans, or an allocator's cap), the
    answer without headroom, each asked about, then the size `RESOLUTION`
@@ -61,6 +63,10 @@ MAX_CHECKS = 12
 MAX_AIMED = 24  # quick, aimed plans (JAX on a GPU): three rounds of eight
 #: How far below each answer the spare places of a round of checks reach.
 CHECKS_BELOW = 3
+#: Multiples of the first ladder round's largest size that quick plans ask
+#: in its spare places: where the answer lies within them, the aims start
+#: from a bracket instead of fanning out (one round fewer).
+BEYOND = (2, 3, 4, 6)
 
 
 class Strategy(Protocol):
@@ -117,6 +123,7 @@ class Search:
         #: Each round: `(kind, sizes asked, wall seconds)`.
         self.rounds: list[tuple[str, list[int], float]] = []
         self._headroom = 0.0
+        self._beyond_asked = 0  # quick plans asked in the ladder's rounds
 
     @property
     def evidence(self) -> Evidence:
@@ -140,12 +147,16 @@ class Search:
 
     # -- asking, in rounds, within the time ---------------------------------
 
-    def _ask(self, kind: str, sizes: Sequence[int]) -> list[Observation]:
+    def _ask(self, kind: str, sizes: Sequence[int],
+             beyond: Sequence[int] = ()) -> list[Observation]:
         """One round: `sizes` measured by `kind` (`"ladder"`, `"aim"`,
-        `"check"`); shown, and added to the record."""
+        `"check"`), and on the ladder quick plans of `beyond` beside them;
+        shown, and added to the record."""
         sizes = list(sizes)
         began = time.perf_counter()
-        made = getattr(self.strategy, kind)(sizes) if sizes else []
+        measure = getattr(self.strategy, kind)
+        made = (measure(sizes, beyond) if beyond else measure(sizes)) if sizes else []
+        sizes += [b for b in beyond if b not in sizes]
         self.observations += made
         self.rounds.append((kind, sizes, time.perf_counter() - began))
         if self.progress is not None:
@@ -196,12 +207,15 @@ class Search:
                 else None)
         queue = ([START, 2 * START, 4 * START, 8 * START]
                  if self.strategy.ladder_width > 1 else [START])
+        beyond = self._beyond(queue)
         while queue and len(self._ladder_sizes()) < MAX_LADDER:
             if not self._in_time("ladder", queue):
                 self.stopped = (f"out of time (max_seconds) before batch "
                                 f"{max(queue)}")
                 return
-            made = self._ask("ladder", queue)
+            made = self._ask("ladder", queue, beyond)
+            self._beyond_asked += len(beyond)
+            beyond = []
             if not made or self.out_of_time:
                 self.stopped = f"out of time (max_seconds) after batch {max(queue)}"
                 break
@@ -220,6 +234,15 @@ class Search:
                                              self.strategy.above_limit,
                                              self.host_largest)
         self._fill_in()
+
+    def _beyond(self, queue: Sequence[int]) -> list[int]:
+        """Quick plans for the first round's spare places: `BEYOND` times
+        its largest size, where the strategy has quick plans (they aim
+        only; the aims that follow start from them)."""
+        if not getattr(self.strategy, "aims", False):
+            return []
+        spare = self.strategy.ladder_width - len(queue)
+        return [max(queue) * f for f in BEYOND][:max(spare, 0)]
 
     def _ladder_sizes(self) -> list[int]:
         return sorted({o.batch_size for o in self.observations if o.ladder})
@@ -248,7 +271,8 @@ class Search:
             # round of checks can ask every size of each bracket; where the
             # checks show the quick plans off, they aim again.
             while True:
-                self._rounds(targets, self._aimed, "aim", MAX_AIMED - self._asked("aim"),
+                self._rounds(targets, self._aimed, "aim",
+                             MAX_AIMED - self._asked("aim") - self._beyond_asked,
                              self.strategy.ladder_width, near=True)
                 before = self._asked("check")
                 left = self._settle(targets, MAX_CHECKS - before,

@@ -88,9 +88,15 @@ class Plans:
         self.limit, self.limit_words, _ = device.limit(self.in_use)
         self.words = "XLA's plan of the step as `fit` compiles it"
 
-    def ladder(self, sizes: Sequence[int]) -> list[Observation]:
-        return self._plans(sizes, aimed=self.aim_options is not None,
-                           width=self.ladder_width, ladder=True)
+    def ladder(self, sizes: Sequence[int], beyond: Sequence[int] = ()
+               ) -> list[Observation]:
+        """The ladder's plans (quick ones on a GPU) and, in the same round,
+        quick plans of `beyond` that only aim (not on the ladder)."""
+        aimed = self.aim_options is not None
+        jobs = [(b, aimed, True) for b in dict.fromkeys(sizes)]
+        if aimed:
+            jobs += [(b, True, False) for b in dict.fromkeys(beyond) if b not in sizes]
+        return self._run(jobs, self.ladder_width)
 
     @property
     def aims(self) -> bool:
@@ -130,14 +136,14 @@ class Plans:
     def _plans(self, sizes: Sequence[int], aimed: bool, width: int,
                ladder: bool) -> list[Observation]:
         """Each size compiled (largest first: it takes longest)."""
-        return self._run([(b, aimed) for b in dict.fromkeys(sizes)], width, ladder)
+        return self._run([(b, aimed, ladder) for b in dict.fromkeys(sizes)], width)
 
-    def _run(self, jobs: Sequence[tuple[int, bool]], width: int,
-             ladder: bool) -> list[Observation]:
-        """`(size, aimed)` compiled side by side, in their order; those
-        not done by `deadline` are abandoned (left out)."""
+    def _run(self, jobs: Sequence[tuple[int, bool, bool]], width: int
+             ) -> list[Observation]:
+        """`(size, aimed, ladder)` compiled side by side, in their order;
+        those not done by `deadline` are abandoned (left out)."""
         pool = concurrent.futures.ThreadPoolExecutor(max(1, min(width, len(jobs))))
-        futures = {i: pool.submit(self._plan, *jobs[i], ladder)
+        futures = {i: pool.submit(self._plan, *jobs[i])
                    for i in sorted(range(len(jobs)),
                                    key=lambda i: (-jobs[i][0], jobs[i][1]))}
         timeout = None if self.deadline is None else max(

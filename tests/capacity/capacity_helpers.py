@@ -48,9 +48,11 @@ class FakeStrategy:
         return Observation(b, int(self.reported(b)) if fits else None, how,
                            ran=fits, ladder=ladder, seconds=self.seconds)
 
-    def ladder(self, sizes):
-        self.rounds.append(("ladder", list(sizes)))
-        return [self._observe(b, True) for b in sizes]
+    def ladder(self, sizes, beyond=()):
+        self.rounds.append(("ladder", list(sizes) + list(beyond)))
+        self.asked += [("aim", b) for b in beyond]
+        return ([self._observe(b, True) for b in sizes]
+                + [Observation(b, int(self.aimed(b)), AIMED) for b in beyond])
 
     def aim(self, sizes):
         self.rounds.append(("aim", list(sizes)))

@@ -166,22 +166,35 @@ def gpt2_plans(b):
     return (7607 + 240 * (b - 32)) * MIB
 
 
-def test_quick_plans_like_fits_take_one_ladder_two_aims_and_one_check():
+def test_quick_plans_like_fits_take_one_ladder_one_aim_and_one_check():
     # A round takes as long as one compilation, so the rounds are few and
-    # full, and where the quick plans have `fit`'s buffers, one round of
-    # checks brackets both answers.
+    # full: the ladder's spare places hold quick plans beyond it, which
+    # bracket GPT-2's answers for the aims, and where the quick plans have
+    # `fit`'s buffers, one round of checks brackets both answers.
     fake = FakeStrategy(gpt2_plans, how=PLAN, ladder_width=8, check_width=4,
                         limit=8 * GIB, in_use=int(1.45 * GIB), aimed=gpt2_plans)
     ev = S.Search(fake, on_gpu=True, host_largest=None).run(0.1, None)
     room = 8 * GIB - int(1.45 * GIB)
     assert ev.batch_size_for(0.0) == largest(gpt2_plans, room) == 31
     assert ev.batch_size_for(0.1) == largest(gpt2_plans, room - 0.8 * GIB)
-    assert [kind for kind, _ in fake.rounds] == ["ladder", "aim", "aim", "check"]
+    assert [kind for kind, _ in fake.rounds] == ["ladder", "aim", "check"]
     assert all(len(sizes) <= {"ladder": 8, "aim": 8, "check": 4}[kind]
                for kind, sizes in fake.rounds)
-    # the first aimed round fans out to three times the line's ceiling
-    first_aim = fake.rounds[1][1]
-    assert max(first_aim) >= 3 * min(first_aim)
+    assert fake.rounds[0][1] == [1, 2, 4, 8, 16, 24, 32, 48]
+    # only the ladder's sizes draw the line
+    assert ev.line.batch_sizes == (1, 2, 4, 8)
+
+
+def test_beyond_the_ladder_quick_plans_that_miss_cost_no_round():
+    # An answer far above the first round's quick plans: the ladder climbs
+    # as it would without them, and they count in the aims' budget.
+    fake = FakeStrategy(remat, how=PLAN, ladder_width=8, check_width=4,
+                        aimed=remat)
+    ev = S.Search(fake, on_gpu=True, host_largest=None).run(0.1, None)
+    truth = largest(remat, ROOM)
+    assert truth * (1 - S.RESOLUTION) <= ev.batch_size_for(0.0) <= truth
+    assert sum(kind == "aim" for kind, _ in fake.asked) <= S.MAX_AIMED
+    assert [b for kind, b in fake.asked if kind == "aim"][:4] == [16, 24, 32, 48]
 
 
 def test_quick_plans_that_are_off_aim_again_and_still_decide_nothing():
