@@ -5,10 +5,13 @@ Any backend on the host (the peak resident set size, reset through
 allocator's peak since the previous read). Each size trains `fit`'s own
 step (`batches.fit_steps`) from a clean state: garbage collected and, on
 PyTorch, the caching allocator's cache handed back, after a first step
-at that shape (tracing, compiling, choosing kernels). The collector stays
-paused during the steps, so that each size meets the same garbage: a
-step's inputs that Keras's PyTorch backend leaves in reference cycles
-(keras-team/keras#23110) are freed at moments no job controls.
+at that shape (tracing, compiling, choosing kernels). On the host the
+collector stays paused during the steps, so that each size meets the same
+garbage: a step's inputs that Keras's PyTorch backend leaves in reference
+cycles (keras-team/keras#23110) are freed at moments no job controls. On
+a GPU it runs as it does in a job, whose steps near the limit the checks
+stand for: paused, a step met the cycles of the one before, and sizes
+that jobs trained ran out of memory (docs/ways-to-fit.md).
 """
 
 from __future__ import annotations
@@ -82,6 +85,7 @@ class Steps:
     def _measure(self, size: int, ladder: bool) -> Observation:
         batch = self.data.take(size)
         began = time.perf_counter()  # the measured steps', after the first
+        collecting = gc.isenabled()
         try:
             # The first step at a new shape traces and compiles, and on a
             # GPU picks its kernels: not what a step of a long job needs.
@@ -89,7 +93,8 @@ class Steps:
             self._clean()
             self.device.read()  # resets the peaks
             began = time.perf_counter()
-            gc.disable()
+            if not self.device.on_gpu:
+                gc.disable()
             fit_steps(self.model, batch, self.steps)
             if self.torch is not None:
                 self.torch.cuda.synchronize(self.device.gpu_index)
@@ -102,7 +107,8 @@ class Steps:
             need, ran = None, False
             del e
         finally:
-            gc.enable()
+            if collecting:
+                gc.enable()
         seconds = time.perf_counter() - began
         del batch
         if not ran:
