@@ -56,5 +56,5 @@ together)
   wait
   compare_layers ;;
 *)
-  echo "usage: $0 capacity|layers|ways|together JOB..." >&2; exit 2 ;;
+  echo "usage: $0 capacity|layers|ways|ways_more|together JOB..." >&2; exit 2 ;;
 esac
