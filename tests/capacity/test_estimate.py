@@ -55,6 +55,17 @@ def test_training_after_an_estimate_equals_training_without():
     assert_same_state(state_of(untouched), state_of(estimated), paths=False)
 
 
+def test_a_collector_the_user_paused_stays_paused():
+    import gc
+
+    gc.disable()
+    try:
+        estimate_max_batch_size(conv_model(), *conv_data(), trial_sizes=(4, 8))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 class GuideModel(keras.Model):
     """The custom `train_step` of the Keras guides: it unpacks `x, y = data`,
     which `train_on_batch` (packing `(x, y, None)`) would break."""
