@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional
 
 from keras_memwatch.measure.batches import fit_steps
 from keras_memwatch.measure.device import Device
-from keras_memwatch.capacity.evidence import PLAN, Evidence, Observation
+from keras_memwatch.capacity.evidence import AIMED, PLAN, Evidence, Observation
 from keras_memwatch.measure.host_memory import host_available_bytes
 from keras_memwatch.measure.model_state import build_for_training
 from keras_memwatch.capacity.search import Search, host_largest_batch
@@ -117,7 +117,7 @@ class Measured:
         bound, and `how` says so)."""
         b = self.device_batch
         seen = [o for o in self.observations if o.batch_size == b and o.ran
-                and o.need_bytes is not None]
+                and o.need_bytes is not None and o.how != AIMED]
         if seen:
             return max(o.need_bytes for o in seen), self.how
         failed = evidence.smallest_failure
@@ -128,7 +128,8 @@ class Measured:
         line = evidence.line
         if not needs or line is None:
             return None, how
-        fitted = {o.batch_size for o in self.observations if not evidence.failed(o)}
+        fitted = {o.batch_size for o in self.observations
+                  if o.how != AIMED and not evidence.failed(o)}
         points = [(size, need) for size, need in needs if size in fitted] or needs
         nearest_b, nearest = min(points, key=lambda p: abs(p[0] - b))
         ratio = nearest / line(nearest_b) if line(nearest_b) > 0 else 1.0

@@ -241,3 +241,15 @@ def test_on_jax_with_a_gpu_each_row_brackets_its_largest_batch(monkeypatch):
     # the wanted batch's plan and half of it alone would say 128 as it is
     assert table.loc["as is", "largest_batch"] > FakePlans.KNEE
     assert all(len(s.checked) > 2 for s in strategies)
+
+
+def test_a_quick_plan_at_the_wanted_batch_never_gives_its_need():
+    # Quick plans only aim: the need at the wanted batch is the plan as
+    # `fit` compiles it, even where a quick plan of that size reads more.
+    m = measure.Measured((Observation(128, 10 * MIB, PLAN, ladder=True),
+                          Observation(256, 20 * MIB, PLAN, ladder=True),
+                          Observation(256, 30 * MIB, AIMED)),
+                         state_bytes=0, in_use_bytes=BASE, limit_bytes=None,
+                         limit_words="", device_batch=256,
+                         seconds_per_sample=None, how=measure.PLANNED)
+    assert m.step_bytes(m.evidence(BASE, None)) == (20 * MIB, measure.PLANNED)
