@@ -424,7 +424,8 @@ class MemWatch(keras.callbacks.Callback):
         """`keras_memwatch.ways_to_fit` of the model this watch trained: what
         each change would save at `batch_size`, measured. The table is kept
         in `ways`; `summary()`, `report_html()` and an out-of-memory report
-        show it.
+        show it. The watch's `compilation_cache` is used unless `kwargs`
+        names one.
 
         Raises:
             ValueError: before a fit, or for a bad argument.
@@ -435,6 +436,7 @@ class MemWatch(keras.callbacks.Callback):
             raise ValueError("Expected a watch that has been used in `fit` (its "
                              "model is measured). Received: a watch without a "
                              "model; call keras_memwatch.ways_to_fit(model, ...)")
+        kwargs.setdefault("compilation_cache", self.compilation_cache)
         self.ways = ways_to_fit(self.model, x, y, batch_size, **kwargs)
         return self.ways
 

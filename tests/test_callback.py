@@ -434,3 +434,19 @@ def test_two_processes_writing_one_log_path_line_up_on_the_timestamp(tmp_path):
         stamps = rows["timestamp"].to_numpy()
         assert (np.diff(stamps) >= 0).all()
         assert began <= stamps[0] and stamps[-1] <= ended
+
+
+def test_ways_to_fit_measures_the_model_it_watched_and_keeps_the_table(
+        jax_config, tmp_path):
+    watch = MemWatch(probes="host", verbose=0,
+                     compilation_cache=str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match="has been used in `fit`"):
+        watch.ways_to_fit(*tiny_data(8))
+    fit(watch, epochs=1)
+    table = watch.ways_to_fit(*tiny_data(8), levers=["sgd_momentum"],
+                              combinations=False, verbose=0)
+    assert watch.ways is table
+    assert list(table["lever"]) == ["as is", "sgd_momentum"]
+    # the watch's compilation cache serves the table's compilations (JAX)
+    assert table.attrs["compilation_cache"] == watch.compilation_cache
+    assert "Ways to fit a batch of 8" in watch.summary()

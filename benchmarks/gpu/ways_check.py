@@ -53,6 +53,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     table = ways_to_fit(model, x, y, batch_size=args.batch, levers=levers,
                         headroom=args.headroom,
                         combinations=not args.no_combinations,
+                        max_seconds=args.max_seconds,
+                        compilation_cache=args.compilation_cache,
                         progress=lambda line: print("  " + line, flush=True))
     seconds = time.perf_counter() - began
     print(f"\n{args.model} on {keras.backend.backend()}, cap "
@@ -158,6 +160,11 @@ def main(argv: Any = None) -> int:
     parser.add_argument("--levers", default="all",
                         help="comma-separated lever names (default: all)")
     parser.add_argument("--no-combinations", action="store_true")
+    parser.add_argument("--max-seconds", type=float, default=None,
+                        help="ways_to_fit's time budget (default: none)")
+    parser.add_argument("--compilation-cache", default=None, metavar="DIR",
+                        help="JAX's persistent compilation cache, and each row's "
+                             "record, in DIR (default: none)")
     parser.add_argument("--verify", action="store_true")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--parallel", type=int, default=4)

@@ -110,9 +110,10 @@ class Plans:
     def check(self, sizes: Sequence[int]) -> list[Observation]:
         return self._plans(sizes, aimed=False, width=CHECKS_AT_ONCE, ladder=False)
 
-    def fingerprint(self) -> str:
+    def fingerprint(self, **more: Any) -> str:
         """What decides this step's plans (`stored_record.fingerprint`): its
-        program, the limit, JAX, the device and the compiler's options."""
+        program, the limit, JAX, the device and the compiler's options, and
+        `more` (what else tells records apart: the caller's)."""
         import jax
         import jaxlib
 
@@ -125,7 +126,8 @@ class Plans:
             lowered[0].as_text(), limit, jax=jax.__version__,
             jaxlib=jaxlib.__version__, device=self.device_kind,
             xla_flags=os.environ.get("XLA_FLAGS", ""),
-            aim_options=self.aim_options, batches_ahead=xla_plan.BATCHES_AHEAD)
+            aim_options=self.aim_options, batches_ahead=xla_plan.BATCHES_AHEAD,
+            **more)
 
     def ahead(self, size: int) -> int:
         """Bytes of the batches a `fit` holds ahead of a step of `size`."""

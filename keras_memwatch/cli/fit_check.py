@@ -69,8 +69,9 @@ def add_fit_check_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
                         help="how a step's memory is measured (default: auto)")
     parser.add_argument("--max-seconds", metavar="S",
                         type=checked("max_seconds", options.optional_seconds, float),
-                        help="stop the search after S seconds and answer from what "
-                             "it measured (default: no limit)")
+                        help="stop the estimate (and --ways's table) after S "
+                             "seconds each and answer from what was measured "
+                             "(default: no limit)")
     parser.add_argument("--compilation-cache", metavar="DIR", nargs="?", const=True,
                         type=checked("compilation_cache", options.cache_directory, str),
                         help="JAX: keep compilations in JAX's persistent cache in "
@@ -265,7 +266,9 @@ def _print_ways(model: Any, x: Any, y: Any, args: argparse.Namespace) -> None:
 
     table = ways_to_fit(model, x, y, batch_size=args.batch_size,
                         headroom=args.headroom, levers=args.levers,
-                        device=args.device, verbose=0 if args.json else "auto")
+                        device=args.device, verbose=0 if args.json else "auto",
+                        max_seconds=getattr(args, "max_seconds", None),
+                        compilation_cache=getattr(args, "compilation_cache", None))
     if args.json:
         print(table.to_json(orient="records", indent=2))
     else:

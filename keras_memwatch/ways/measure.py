@@ -34,6 +34,8 @@ from typing import Any, Callable, Optional
 
 from keras_memwatch.measure.batches import fit_steps
 from keras_memwatch.measure.device import Device
+from keras_memwatch.capacity import stored_record
+from keras_memwatch.capacity.deadline import Deadline
 from keras_memwatch.capacity.evidence import AIMED, PLAN, Evidence, Observation
 from keras_memwatch.measure.host_memory import host_available_bytes
 from keras_memwatch.measure.model_state import build_for_training
@@ -70,6 +72,10 @@ class Measured:
         widened_bytes: what the allocator's cap was raised by while the
             variant was measured (`room.widened`); `limit_bytes` is the
             cap before.
+        left_open: where the time ran out (`max_seconds`), what the search
+            left unmeasured or unbracketed; else `""`.
+        stored: sizes read from a record stored beside JAX's compilation
+            cache rather than compiled.
     """
 
     observations: tuple[Observation, ...]
@@ -83,6 +89,8 @@ class Measured:
     on_gpu: bool = False
     held_bytes: int = 0
     widened_bytes: int = 0
+    left_open: str = ""
+    stored: int = 0
 
     @property
     def ran_steps(self) -> bool:
@@ -162,7 +170,8 @@ def sizes_for(batch: int, host_largest: Optional[int], spare: bool = False
 
 
 def measure(variant: Variant, device: Optional[str], headroom: float,
-            progress: Callable[[str], None]) -> Measured:
+            progress: Callable[[str], None], deadline: Optional[Deadline] = None,
+            cache_directory: Optional[str] = None) -> Measured:
     """Measures `variant` at its device batch and below.
 
     Args:
@@ -170,6 +179,12 @@ def measure(variant: Variant, device: Optional[str], headroom: float,
         device: `"GPU:<i>"`, `"host"` or `None` (as `estimate_max_batch_size`).
         headroom: the fraction of the limit kept free, for the checks.
         progress: receives a line per size.
+        deadline: when the search stops asking (`max_seconds`); the sizes
+            that stand for the wanted batch are measured whatever the
+            time. Defaults to `None`: no limit.
+        cache_directory: JAX's compilation cache directory in use, where
+            a planned variant's record is kept and read back
+            (`capacity.stored_record`). Defaults to `None`: none.
 
     Returns:
         A `Measured`.
@@ -179,6 +194,7 @@ def measure(variant: Variant, device: Optional[str], headroom: float,
     model, data = variant.model, variant.data
     build_for_training(model, data.take(1))
     backend = keras.backend.backend()
+    deadline = deadline if deadline is not None else Deadline(None)
     with room.widened(backend, device, variant.held_bytes) as widened:
         dev = Device(backend, device)
         strategy: Any = None
@@ -189,15 +205,26 @@ def measure(variant: Variant, device: Optional[str], headroom: float,
             planned = strategy.how == PLAN
             sizes = sizes_for(variant.batch_size, host_largest,
                               spare=dev.on_gpu and not planned)
+            stored = stored_record.Stored([])
             if planned:
+                # a row's record of its own: its sizes are not an estimate's
+                key = (strategy.fingerprint(record="ways_to_fit") if cache_directory
+                       else None)
+                if key is not None:
+                    stored = stored_record.load(cache_directory, key)
                 observations, seconds = _planned(strategy, model, data, sizes,
-                                                 variant.batch_size)
+                                                 variant.batch_size,
+                                                 stored.observations)
+                search = Search(strategy, dev.on_gpu, None, deadline=deadline,
+                                known=observations)
                 if dev.on_gpu and strategy.limit is not None:
-                    observations = _bracketed(strategy, observations, headroom,
-                                              variant.held_bytes)
+                    observations = _bracketed(search, headroom, variant.held_bytes)
+                if key is not None and len(observations) > len(stored.observations):
+                    stored_record.save(cache_directory, key, observations,
+                                       stored.stopped)
                 how = PLANNED
             else:
-                search = Search(strategy, dev.on_gpu, host_largest)
+                search = Search(strategy, dev.on_gpu, host_largest, deadline=deadline)
                 observations = list(search.run(headroom, sizes).observations)
                 ran = [o for o in observations if o.ran and o.batch_size <=
                        variant.batch_size and o.seconds > 0]
@@ -205,9 +232,12 @@ def measure(variant: Variant, device: Optional[str], headroom: float,
                 seconds = None if top is None else top.seconds / top.batch_size
                 how = MEASURED
             limit = None if strategy.limit is None else strategy.limit - widened
+            left = ((search.checks_left or search.stopped or "out of time "
+                     "(max_seconds)") if search.out_of_time else "")
             return Measured(tuple(observations), state_bytes(model), strategy.in_use,
                             limit, strategy.limit_words, variant.batch_size,
-                            seconds, how, dev.on_gpu, variant.held_bytes, widened)
+                            seconds, how, dev.on_gpu, variant.held_bytes, widened,
+                            left, len(stored.observations))
         finally:
             if hasattr(strategy, "close"):
                 strategy.close()
@@ -228,26 +258,31 @@ def strategy_for(model: Any, data: Any, device: Device,
 
 
 def _planned(strategy: Any, model: Any, data: Any, sizes: list[int],
-             batch: int) -> tuple[list[Observation], Optional[float]]:
+             batch: int, stored: list[Observation]
+             ) -> tuple[list[Observation], Optional[float]]:
     """Every size compiled as `fit` compiles it, side by side (exact plans
-    for the line; the timed steps find their size in JAX's cache), and
-    the seconds a sample of real steps."""
-    made = strategy.check(sizes)
-    observations = [dataclasses.replace(o, how=PLAN, ladder=True) for o in made]
-    seconds = _timed(model, data, batch, observations, strategy.limit,
-                     strategy.in_use)
+    for the line; the timed steps find their size in JAX's cache), those
+    in the `stored` record read from it, and the seconds a sample of real
+    steps."""
+    known = {o.batch_size for o in stored if o.how == PLAN}
+    made = strategy.check([b for b in sizes if b not in known])
+    observations = stored + [dataclasses.replace(o, how=PLAN, ladder=True)
+                             for o in made]
+    seconds = _timed(model, data, batch, [o for o in observations if o.how == PLAN
+                                          and o.batch_size in sizes],
+                     strategy.limit, strategy.in_use)
     return observations, seconds
 
 
-def _bracketed(strategy: Any, observations: list[Observation], headroom: float,
-               held_bytes: int) -> list[Observation]:
-    """The plans at the wanted batch and half of it, then the estimate's
-    aims and checks (`Search`), until the record brackets the largest batch
-    under `headroom` and under the whole limit, in the room of the variant
-    alone (the user's state held beside it, `held_bytes`, left out)."""
+def _bracketed(search: Search, headroom: float, held_bytes: int
+               ) -> list[Observation]:
+    """The search (from the plans at the wanted batch and half of it) aims
+    and checks until the record brackets the largest batch under `headroom`
+    and under the whole limit, in the room of the variant alone (the
+    user's state held beside it, `held_bytes`, left out)."""
+    strategy = search.strategy
     strategy.in_use -= held_bytes
     try:
-        search = Search(strategy, True, None, known=observations)
         return list(search.run(headroom, None).observations)
     finally:
         strategy.in_use += held_bytes

@@ -6,13 +6,16 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
+import os
 import time
 from typing import Any, Callable, Optional, Union
 
 import pandas as pd
 
 from keras_memwatch import options
+from keras_memwatch.capacity.deadline import Deadline
 from keras_memwatch.capacity.progress import Progress
+from keras_memwatch.configure.compilation_cache import use_compilation_cache
 from keras_memwatch.measure.batches import Batches
 from keras_memwatch.measure.model_state import state_kept
 from keras_memwatch.configure.devices import device_label
@@ -42,6 +45,8 @@ def ways_to_fit(
     combinations: bool = True,
     progress: Optional[Callable[[str], None]] = None,
     verbose: Union[str, int] = "auto",
+    max_seconds: Optional[float] = None,
+    compilation_cache: Union[None, bool, str, "os.PathLike[str]"] = None,
 ) -> Any:
     """Measures what each change to a model would save at the batch you want.
 
@@ -89,6 +94,18 @@ def ways_to_fit(
             nothing, any other prints one line per row as it is measured
             (the lever, its need, what it saves, its largest batch, the
             seconds so far). Defaults to `"auto"`.
+        max_seconds: stop measuring after this many seconds. The model as
+            it is is always measured; a row whose search runs out of time
+            keeps what it measured, and its `how` says what is left open;
+            the rows not begun say they were not measured. Defaults to
+            `None`: no limit.
+        compilation_cache: JAX: a directory for JAX's persistent
+            compilation cache, or `True` for the default one, as
+            `estimate_max_batch_size` takes it; each row's record is kept
+            there too, so that a second call compiles nothing and a `fit`
+            of a row's setting in a new process finds its compilations.
+            PyTorch, TensorFlow: accepted, does nothing. Defaults to
+            `None`: none set.
 
     Returns:
         A `pandas.DataFrame`, one row per lever: `lever`, `change` (the code
@@ -104,12 +121,14 @@ def ways_to_fit(
         row's user state held beside its variant while it was measured,
         and what the allocator's cap was widened by for it, as
         `(held, widened)`), `settings` (each measured
-        row's `variant.Setting` as a dict, to rebuild it elsewhere) and
-        `seconds`.
+        row's `variant.Setting` as a dict, to rebuild it elsewhere),
+        `max_seconds`, `compilation_cache` (the directory JAX's cache
+        used, or `None`) and `seconds`.
 
     Raises:
         ValueError: for a model that is not compiled, or a bad
-            `batch_size`, `headroom`, `levers` or `device`.
+            `batch_size`, `headroom`, `levers`, `device`, `max_seconds` or
+            `compilation_cache`.
         TypeError: for arguments of the wrong type, or `x`/`y` that are not
             arrays.
 
@@ -129,6 +148,8 @@ def ways_to_fit(
         device = device_label(device, "device")
     options.boolean("combinations", combinations)
     say = options.optional_callable("progress", progress) or _log
+    max_seconds = options.optional_seconds("max_seconds", max_seconds)
+    cache = options.cache_directory("compilation_cache", compilation_cache)
     # a line per row, whatever the output: rows are few and long, and a
     # bar would not move between them
     shown = Progress(0 if options.verbosity("verbose", verbose) == 0 else 2,
@@ -138,10 +159,12 @@ def ways_to_fit(
 
     data = Batches(x, y)
     b = batch_size or data.n
+    measuring = Measuring(device, headroom, say, Deadline(max_seconds, began),
+                          use_compilation_cache(cache))
     try:
         with state_kept(model, data.take(1)):
             rows, combos, account, situation = _measure_all(
-                model, data, b, headroom, names, device, combinations, say, shown)
+                model, data, b, names, combinations, measuring, shown)
     finally:
         gc.collect()
     shown.done()
@@ -154,6 +177,8 @@ def ways_to_fit(
         "held_bytes": dict(situation.rooms),
         "settings": {lever: dataclasses.asdict(setting)
                      for lever, setting in situation.settings.items()},
+        "max_seconds": max_seconds,
+        "compilation_cache": measuring.cache_directory,
         "seconds": round(time.perf_counter() - began, 2)})
 
 
@@ -161,37 +186,57 @@ def _log(message: str) -> None:
     logger.debug("%s", message)
 
 
-def _measure(model: Any, data: Batches, b: int, setting: Setting, headroom: float,
-             device: Optional[str], say: Callable[[str], None]) -> Measured:
-    with realized(model, data, b, setting) as variant:
-        return measure(variant, device, headroom, say)
+@dataclasses.dataclass(frozen=True)
+class Measuring:
+    """How every row is measured: on `device`, checked under `headroom`,
+    a line per size to `say`, within `deadline`, with JAX's compilation
+    cache in `cache_directory` (or `None`)."""
+
+    device: Optional[str]
+    headroom: float
+    say: Callable[[str], None]
+    deadline: Deadline
+    cache_directory: Optional[str]
+
+    def __call__(self, model: Any, data: Batches, b: int, setting: Setting
+                 ) -> Measured:
+        with realized(model, data, b, setting) as variant:
+            return measure(variant, self.device, self.headroom, self.say,
+                           self.deadline, self.cache_directory)
+
+    def out_of_time(self) -> str:
+        """Once the time has run out, since when; else `""`."""
+        if not self.deadline.passed:
+            return ""
+        return (f"out of time (max_seconds={self.deadline.max_seconds:g}) after "
+                f"{self.deadline.spent():.1f} s")
 
 
-def _measure_all(model: Any, data: Batches, b: int, headroom: float,
-                 names: list[str], device: Optional[str], combinations: bool,
-                 say: Callable[[str], None], shown: Progress
+def _measure_all(model: Any, data: Batches, b: int, names: list[str],
+                 combinations: bool, measuring: Measuring, shown: Progress
                  ) -> tuple[list, list, T.Account, Situation]:
-    as_is = _measure(model, data, b, Setting(), headroom, device, say)
+    as_is = measuring(model, data, b, Setting())
     if not as_is.on_gpu:
         # The host's first steps in a process touch memory that later ones
         # reuse, and run slower: measured again, the model as it is
         # compares with the levers.
-        as_is = _measure(model, data, b, Setting(), headroom, device, say)
-    account = T.Account(as_is, headroom)
+        as_is = measuring(model, data, b, Setting())
+    account = T.Account(as_is, measuring.headroom)
     _show(shown, T.measured_row(T.AS_IS, "", "", as_is, account))
     on_gpu = as_is.on_gpu
     levers = [lever for lever in all_levers() if lever.name in names]
     situation = Situation(model, data, b, on_gpu=on_gpu,
-                          bf16_slow=on_gpu and _bf16_slow(device),
+                          bf16_slow=on_gpu and _bf16_slow(measuring.device),
                           accumulation=_accumulation(model, b, as_is, account))
     if "remat_layers" in names:
-        situation.heavy_layers = _heavy_layers(model, data, b)
+        late = measuring.out_of_time()
+        situation.heavy_layers = (f"the by-layer table was not made: {late}" if late
+                                  else _heavy_layers(model, data, b))
     rows, saved = [], []
     situation.settings = {T.AS_IS: Setting()}
     situation.rooms = {T.AS_IS: (as_is.held_bytes, as_is.widened_bytes)}
     for lever in levers:
-        row, m = _lever_row(lever, situation, model, data, b, headroom, device,
-                            account, say)
+        row, m = _lever_row(lever, situation, model, data, b, measuring, account)
         _show(shown, row)
         rows.append(row)
         if m is not None:
@@ -199,8 +244,8 @@ def _measure_all(model: Any, data: Batches, b: int, headroom: float,
     combos = []
     if combinations:
         for group in T.best_combinations(saved):
-            combos.append(_group_row(group, situation, model, data, b, headroom,
-                                     device, account, say))
+            combos.append(_group_row(group, situation, model, data, b, measuring,
+                                     account))
             _show(shown, combos[-1])
     return rows, combos, account, situation
 
@@ -219,16 +264,20 @@ def _show(shown: Progress, row: dict) -> None:
 
 
 def _lever_row(lever: Lever, s: Situation, model: Any, data: Batches, b: int,
-               headroom: float, device: Optional[str], account: T.Account,
-               say: Callable[[str], None]) -> tuple[dict, Optional[Measured]]:
+               measuring: Measuring, account: T.Account
+               ) -> tuple[dict, Optional[Measured]]:
     why = lever.why_not(s)
     if why:
         return T.unmeasured_row(lever.name, "", "not applied: " + why, lever.note(s)
                                 if lever.name != "shorter_sequence" else ""), None
+    late = measuring.out_of_time()
+    if late:
+        return T.unmeasured_row(lever.name, lever.change(s), f"not measured: {late}",
+                                lever.note(s)), None
     setting = lever.setting(s)
     s.settings[lever.name] = setting
     try:
-        m = _measure(model, data, b, setting, headroom, device, say)
+        m = measuring(model, data, b, setting)
     except Exception as e:  # noqa: BLE001 - the lever's failure is its row
         logger.info("ways_to_fit: %s could not be measured: %r", lever.name, e)
         return T.unmeasured_row(lever.name, lever.change(s), failure_words(e, lever),
@@ -239,15 +288,17 @@ def _lever_row(lever: Lever, s: Situation, model: Any, data: Batches, b: int,
 
 
 def _group_row(group: list[Lever], s: Situation, model: Any, data: Batches, b: int,
-               headroom: float, device: Optional[str], account: T.Account,
-               say: Callable[[str], None]) -> dict:
+               measuring: Measuring, account: T.Account) -> dict:
     name = " + ".join(lever.name for lever in group)
     change = "; ".join(lever.change(s) for lever in group)
     notes = "; ".join(lever.note(s) for lever in group)
+    late = measuring.out_of_time()
+    if late:
+        return T.unmeasured_row(name, change, f"not measured: {late}", notes)
     setting = combined(group, s)
     s.settings[name] = setting
     try:
-        m = _measure(model, data, b, setting, headroom, device, say)
+        m = measuring(model, data, b, setting)
     except Exception as e:  # noqa: BLE001
         return T.unmeasured_row(name, change, failure_words(e), notes)
     s.rooms[name] = (m.held_bytes, m.widened_bytes)

@@ -58,6 +58,8 @@ def measured_row(lever: str, change: str, notes: str, m: Measured,
     need, how, largest, fits = account.read(m, accumulation)
     if accumulation > 1:
         how += f", {accumulation} steps of {m.device_batch}"
+    if m.left_open:
+        how += f"; {m.left_open}"
     saved = None if need is None or account.need is None else account.need - need
     return {"lever": lever, "change": change, "need_bytes": need,
             "saved_bytes": saved, "largest_batch": largest,

@@ -190,6 +190,7 @@ class FakePlans:
         self.in_use = gpu.in_use(model)
         self.limit = gpu.cap
         self.need = per_sample(model)
+        self.step = f"{type(model.optimizer).__name__} on {self.need} bytes a sample"
         self.checked: list[int] = []
 
     def plan(self, b):
@@ -206,15 +207,21 @@ class FakePlans:
         self.checked += sizes
         return [Observation(b, self.plan(b), PLAN) for b in sizes]
 
+    def fingerprint(self, **more):
+        from keras_memwatch.capacity import stored_record
 
-def test_on_jax_with_a_gpu_each_row_brackets_its_largest_batch(monkeypatch):
-    # Where XLA recomputes, the plans at the wanted batch and half of it do
-    # not say where the room ends: the estimate's aims and checks bracket
-    # it, in the room of the variant alone.
+        return stored_record.fingerprint(self.step, self.limit, **more)
+
+
+def on_fake_jax_gpu(monkeypatch, space_samples=153):
+    """A model, its data, a fake GPU whose cap leaves room for
+    `space_samples` samples of the model as it is (XLA recomputing
+    beyond `FakePlans.KNEE`), and the list of `FakePlans` each row gets;
+    `ways_to_fit`'s strategies on it."""
     model, x, y = model_and_data()
     keras.Model.fit(model, x, y, verbose=0)
-    state = measure.state_bytes(model)
-    gpu = FakeGpu(model, BASE + state + 153 * 64 * KIB)
+    gpu = FakeGpu(model, BASE + measure.state_bytes(model)
+                  + space_samples * 64 * KIB)
     strategies = []
 
     def plans(m, data, dev, progress):
@@ -224,6 +231,15 @@ def test_on_jax_with_a_gpu_each_row_brackets_its_largest_batch(monkeypatch):
     monkeypatch.setattr(measure, "Device", FakeDevice)
     monkeypatch.setattr(measure, "strategy_for", plans)
     monkeypatch.setattr(room, "widened", lambda *a: contextlib.nullcontext(0))
+    return model, x, y, gpu, strategies
+
+
+def test_on_jax_with_a_gpu_each_row_brackets_its_largest_batch(monkeypatch):
+    # Where XLA recomputes, the plans at the wanted batch and half of it do
+    # not say where the room ends: the estimate's aims and checks bracket
+    # it, in the room of the variant alone.
+    model, x, y, gpu, strategies = on_fake_jax_gpu(monkeypatch)
+    state = measure.state_bytes(model)
     table = ways_to_fit(model, x, y, batch_size=WANTED, headroom=0.0,
                         levers=["mixed_precision", "sgd_momentum"],
                         combinations=False).set_index("lever")
@@ -241,6 +257,48 @@ def test_on_jax_with_a_gpu_each_row_brackets_its_largest_batch(monkeypatch):
     # the wanted batch's plan and half of it alone would say 128 as it is
     assert table.loc["as is", "largest_batch"] > FakePlans.KNEE
     assert all(len(s.checked) > 2 for s in strategies)
+
+
+def test_rows_kept_beside_the_compilation_cache_are_read_back_not_compiled(
+        monkeypatch, tmp_path):
+    from keras_memwatch.capacity import stored_record
+    from keras_memwatch.ways import run
+
+    model, x, y, gpu, strategies = on_fake_jax_gpu(monkeypatch)
+    # the directory JAX's cache would use (JAX itself is not needed here)
+    monkeypatch.setattr(run, "use_compilation_cache", lambda value: value)
+
+    def ways():
+        return ways_to_fit(model, x, y, batch_size=WANTED, headroom=0.0,
+                           levers=["mixed_precision", "sgd_momentum"],
+                           combinations=False, compilation_cache=str(tmp_path))
+
+    first = ways()
+    assert all(s.checked for s in strategies)
+    # one record a row: each variant is another step
+    assert len(list((tmp_path / stored_record.FOLDER).glob("*.json"))) == 3
+    strategies.clear()
+    second = ways()
+    assert len(strategies) == 3 and not any(s.checked for s in strategies)
+    columns = ["lever", "need_bytes", "largest_batch", "fits"]
+    assert second[columns].equals(first[columns])
+    assert second.attrs["compilation_cache"] == str(tmp_path)
+
+
+def test_a_row_whose_search_runs_out_of_time_says_what_is_left_open(monkeypatch):
+    model, x, y, gpu, strategies = on_fake_jax_gpu(monkeypatch)
+    table = ways_to_fit(model, x, y, batch_size=WANTED, headroom=0.0,
+                        levers=["sgd_momentum"], combinations=False,
+                        max_seconds=1e-6).set_index("lever")
+    # the plans at the wanted batch and half of it are made whatever the
+    # time; the search that would bracket the largest batch asks nothing
+    assert sorted(strategies[0].checked) == [WANTED // 2, WANTED]
+    how = table.loc["as is", "how"]
+    assert how.startswith("plan; out of time (max_seconds) after "), how
+    assert "the answer under 0% headroom is not bracketed" in how
+    assert table.loc["sgd_momentum", "how"].startswith(
+        "not measured: out of time (max_seconds=1e-06)")
+    assert len(strategies) == 1
 
 
 def test_a_quick_plan_at_the_wanted_batch_never_gives_its_need():

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import ast
 import re
+import time
 
 import keras
 import numpy as np
+import pandas as pd
 import pytest
 
 from conftest import tiny_gpt2
@@ -166,7 +168,7 @@ def test_levers_that_cannot_apply_keep_a_row_that_says_why():
     mixed = row(table, "mixed_precision")
     assert mixed["how"].startswith("not applied:") and "get_config" in mixed["how"]
     assert "set_dtype_policy('mixed_bfloat16')" in mixed["how"]
-    assert mixed["need_bytes"] is pd_na() or np.isnan(float("nan"))
+    assert pd.isna(mixed["need_bytes"])
     assert "not an Adam-like optimizer" in row(table, "sgd_momentum")["how"]
     assert "no token ids" in row(table, "shorter_sequence")["how"]
     assert table["need_bytes"].isna().sum() == 3
@@ -188,12 +190,6 @@ def test_each_row_is_shown_as_it_is_measured(capsys, verbose):
         "as is", "sgd_momentum", "shorter_sequence"]
     assert "saves" in out[1] and "largest batch" in out[1]
     assert "not applied" in out[2]
-
-
-def pd_na():
-    import pandas as pd
-
-    return pd.NA
 
 
 def test_a_keras_hub_gpt2_gets_a_shorter_sequence():
@@ -263,6 +259,70 @@ def test_bad_arguments_are_refused_before_any_work(arguments, error, words):
                     **arguments)
     assert words in str(caught.value)
     assert not model.optimizer.built  # refused before any step
+
+
+def test_no_row_begins_after_max_seconds_and_each_says_so(monkeypatch):
+    from keras_memwatch.ways import run
+
+    slow = run.measure
+
+    def measure(*args, **kwargs):  # a larger model: each row takes 0.4 s more
+        time.sleep(0.4)
+        return slow(*args, **kwargs)
+    monkeypatch.setattr(run, "measure", measure)
+    model = wide_model()
+    x, y = np.ones((8, 1024), "float32"), np.zeros((8, 4), "float32")
+    began = time.perf_counter()
+    table = ways_to_fit(model, x, y, max_seconds=0.5, verbose=0,
+                        levers=["adafactor", "sgd_momentum", "remat_layers"])
+    took = time.perf_counter() - began
+    # the model as it is is always measured; after it, nothing begins
+    assert not pd.isna(row(table, "as is")["need_bytes"])
+    for lever in ("adafactor", "sgd_momentum"):
+        how = row(table, lever)["how"]
+        assert re.fullmatch(r"not measured: out of time \(max_seconds=0.5\) after "
+                            r"\d+\.\d s", how), how
+        assert "optimizer=" in row(table, lever)["change"]  # what it would be
+    assert row(table, "remat_layers")["how"].startswith(
+        "not applied: the by-layer table was not made: out of time (max_seconds=0.5)")
+    assert len(table) == 4  # nothing saved: no combination is measured
+    assert table.attrs["max_seconds"] == 0.5
+    assert took < table.attrs["seconds"] + 0.1
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="XLA's plans: JAX")
+def test_with_a_compilation_cache_a_second_table_compiles_nothing(jax_config,
+                                                                  tmp_path):
+    x, y = sequence_data()
+    cache = str(tmp_path / "cache")
+
+    def ways():
+        lines = []
+        table = ways_to_fit(sequence_model(), x, y, batch_size=16,
+                            levers=["sgd_momentum"], combinations=False, verbose=0,
+                            compilation_cache=cache, progress=lines.append)
+        return table, lines
+
+    first, lines = ways()
+    assert any("compiled the step" in line for line in lines)
+    assert jax_config.config.jax_compilation_cache_dir == cache
+    second, lines = ways()
+    assert not any("compiled the step" in line for line in lines), lines
+    # the plans read back (the host's free memory, and so the largest
+    # batch, moves between calls)
+    columns = ["lever", "need_bytes"]
+    assert second[columns].equals(first[columns])
+
+
+@pytest.mark.skipif(BACKEND == "jax", reason="JAX keeps a cache")
+def test_a_compilation_cache_is_accepted_and_does_nothing_elsewhere(tmp_path):
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    model.compile(optimizer="adam", loss="mse")
+    table = ways_to_fit(model, np.ones((4, 8), "float32"), np.zeros((4, 4), "float32"),
+                        levers=["sgd_momentum"], combinations=False, verbose=0,
+                        compilation_cache=str(tmp_path / "cache"))
+    assert not (tmp_path / "cache").exists()
+    assert table.attrs["compilation_cache"] is None
 
 
 def test_an_uncompiled_model_is_refused():
