@@ -35,6 +35,7 @@ import tempfile
 from typing import Any, Optional, Union
 
 from keras_memwatch import options
+from keras_memwatch.explain.ways_text import HINT
 from keras_memwatch.oom_errors import (MAX_LINE, allocation_lines, error_text,
                                 is_oom_error, requested_bytes)
 
@@ -186,11 +187,7 @@ def ways_lines(watch: Any) -> str:
     report, shows it), else how to measure one."""
     if getattr(watch, "ways", None) is not None:
         return ""
-    return ("Ways to fit: not measured in this process. What each change would "
-            "save at your batch, measured on your model:\n"
-            "  keras_memwatch.ways_to_fit(model, x[:n], y[:n], batch_size=B)\n"
-            "  python -m keras_memwatch fit-check --model MODULE:FUNCTION --ways "
-            "--batch-size B")
+    return HINT
 
 
 def _process_of(watch: Any) -> tuple[int, int, str]:

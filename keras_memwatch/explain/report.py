@@ -8,6 +8,7 @@ from typing import Any, Optional
 import pandas as pd
 
 from keras_memwatch.explain.breakdown import device_memory, format_breakdown, memory_breakdown
+from keras_memwatch.explain.ways_text import HINT, NEAR_LIMIT, format_ways
 from keras_memwatch import columns as C
 from keras_memwatch.columns import HOST_DEVICE
 from keras_memwatch.judge.derived import log_sources, replay_drift, spikes_from_frame
@@ -58,6 +59,12 @@ def _spike_line(spikes: pd.DataFrame, device: str, phase: str) -> str:
 def _headroom(limit: Optional[int], peak: Optional[int]) -> str:
     return (f"limit {format_bytes(limit)}, headroom at peak "
             f"{format_bytes(max(limit - peak, 0))} ({1 - peak / limit:.0%})")
+
+
+def _near_limit(info: dict) -> bool:
+    """Whether a device's training peak came within `NEAR_LIMIT` of its limit."""
+    limit, peak = info.get("limit_bytes"), info.get("peak_bytes")
+    return limit is not None and peak is not None and peak >= (1 - NEAR_LIMIT) * limit
 
 
 def _device_lines(device: str, info: dict, spikes: pd.DataFrame) -> list[str]:
@@ -176,7 +183,9 @@ def summarize(
             "Where a step's working memory goes". Defaults to `None`: not
             shown.
         ways: the ways-to-fit table (`keras_memwatch.ways_to_fit`), shown
-            after where the memory went. Defaults to `None`: not shown.
+            after where the memory went. Defaults to `None`: not shown, and
+            where a training peak came within 10% of a device's limit, how
+            to measure it is.
 
     Returns:
         Lines of text for a person.
@@ -198,8 +207,6 @@ def summarize(
 
         lines += ["", format_by_layer(by_layer)]
     if ways is not None:
-        from keras_memwatch.explain.ways_text import format_ways
-
         lines += ["", format_ways(ways)]
     devices = breakdown.get("devices") or device_memory(frame)
     trained = {d: info for d, info in devices.items() if info.get("steps", 1)}
@@ -209,6 +216,8 @@ def summarize(
         lines.append("")
     for device, info in trained.items():
         lines.extend("  " + line for line in _device_lines(device, info, spikes))
+    if ways is None and any(_near_limit(info) for info in trained.values()):
+        lines += ["", HINT]
     lines += _phase_lines(frame, spikes)
     if drift:
         lines.append("Drift (steady growth of memory in use, a leak?):")

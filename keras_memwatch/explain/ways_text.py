@@ -14,6 +14,15 @@ WAYS_COLUMNS = ("lever", "change", "need_bytes", "saved_bytes", "largest_batch",
                 "step_time_ratio", "fits", "how", "notes")
 #: The first row's lever: the model as it is.
 AS_IS = "as is"
+#: A training peak this close to the limit (a fraction of it) earns the
+#: summary a pointer to `ways_to_fit` where none was measured.
+NEAR_LIMIT = 0.1
+#: How to measure the table, where none was measured.
+HINT = ("Ways to fit: not measured in this process. What each change would "
+        "save at your batch, measured on your model:\n"
+        "  keras_memwatch.ways_to_fit(model, x[:n], y[:n], batch_size=B)\n"
+        "  python -m keras_memwatch fit-check --model MODULE:FUNCTION --ways "
+        "--batch-size B")
 
 
 def _missing(value: Any) -> bool:

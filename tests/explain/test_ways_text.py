@@ -1,5 +1,6 @@
 """The ways-to-fit table for a person: its block of text, in `summary()`
-when given, and oom_guard's hint where no table was measured."""
+when given; where none was measured, how to measure it, in the summary of
+a fit whose peak came near the limit and in oom_guard's report."""
 
 from __future__ import annotations
 
@@ -48,6 +49,16 @@ def test_the_summary_shows_the_table_only_when_given():
     text = summarize(frame, spikes, ways=table())
     assert "Ways to fit a batch of 32" in text
     assert text.index("Ways to fit") < text.index("Memory per device")
+
+
+def test_a_summary_near_the_limit_says_how_to_measure_when_nothing_was():
+    near, far = (record(steady([40] * 12), limit=limit * MIB)
+                 for limit in (560, 640))  # peaks of 540 MiB: 96% and 84%
+    assert "Ways to fit: not measured" not in summarize(*far)
+    text = summarize(*near)
+    assert "Ways to fit: not measured" in text
+    assert "keras_memwatch.ways_to_fit(model" in text
+    assert "Ways to fit: not measured" not in summarize(*near, ways=table())
 
 
 def test_the_oom_report_says_how_to_measure_when_nothing_was():
