@@ -10,13 +10,13 @@ from typing import Optional
 from keras_memwatch.oom_errors import error_text
 from keras_memwatch.ways.levers import Lever
 
-__all__ = ["failure_words"]
+__all__ = ["called_layers", "failure_words", "raised_error"]
 
 
 def failure_words(error: BaseException, lever: Optional[Lever] = None) -> str:
     """A row's `how` where measuring raised: the layer whose call raised,
     the error's first line, and the lever's hint."""
-    error = _raised(error)
+    error = raised_error(error)
     text = error_text(error)  # without Keras's bold
     where = _failing_layer(error)
     # Keras's re-raise: "Exception encountered when calling X.call().",
@@ -34,7 +34,7 @@ def failure_words(error: BaseException, lever: Optional[Lever] = None) -> str:
             f"{'; ' + hint if hint else ''}")
 
 
-def _raised(error: BaseException) -> BaseException:
+def raised_error(error: BaseException) -> BaseException:
     """The error a step raised. Keras re-raises a layer's error as a new one
     of its class with the layer's name in the message, once per layer it
     went through; where that class cannot be made from a message (JAX's
@@ -63,14 +63,21 @@ def _building_an_error(error: BaseException) -> bool:
 def _failing_layer(error: BaseException) -> str:
     """`"Class 'name'"` of the innermost layer whose `call` the error went
     through, or `""`."""
+    layers = called_layers(error)
+    return f"{type(layers[-1]).__name__} {layers[-1].name!r}" if layers else ""
+
+
+def called_layers(error: BaseException) -> list:
+    """The layers whose `call` the error went through (behind Keras's
+    re-raise), outermost first."""
     import keras
 
-    found = ""
-    tb = error.__traceback__
+    found = []
+    tb = raised_error(error).__traceback__
     while tb is not None:
         frame = tb.tb_frame
         layer = frame.f_locals.get("self")
         if frame.f_code.co_name == "call" and isinstance(layer, keras.layers.Layer):
-            found = f"{type(layer).__name__} {layer.name!r}"
+            found.append(layer)
         tb = tb.tb_next
     return found

@@ -26,8 +26,10 @@ class Situation:
         batch_size: the wanted batch.
         on_gpu: whether the device measured is a GPU.
         bf16_slow: the device lacks fast bfloat16 (a GPU before Ampere).
-        heavy_layers: the layers that hold the most activations (names
+        layers_by_activation: `(name, activation_bytes)` of each layer
+            that keeps activations, the most first (`memory_by_layer`; names
             as `keras.RematScope` matches them), or why none are known.
+        left_out: layer name -> why the scope cannot recompute it here.
         accumulation: the gradient accumulation steps to measure.
         settings: each measured row's setting, by its lever.
         rooms: each measured row's `(held_bytes, widened_bytes)`: the
@@ -40,10 +42,45 @@ class Situation:
     batch_size: int
     on_gpu: bool = False
     bf16_slow: bool = False
-    heavy_layers: Any = ()
+    layers_by_activation: Any = ()
+    left_out: dict = dataclasses.field(default_factory=dict)
     accumulation: int = 2
     settings: dict = dataclasses.field(default_factory=dict)
     rooms: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def heavy_layers(self) -> Any:
+        """The layers that keep the most activations and that the scope can
+        recompute, to half of all or `REMAT_LAYERS`; or why there are none."""
+        ranked = self.layers_by_activation
+        if isinstance(ranked, str):
+            return ranked
+        total = sum(size for _, size in ranked)
+        names: list[str] = []
+        held = 0.0
+        for name, size in ranked:
+            if name in self.left_out:
+                continue
+            names.append(name)
+            held += size
+            if held >= total / 2 or len(names) >= REMAT_LAYERS:
+                break
+        if names:
+            return names
+        if self.left_out:
+            return ("every layer that keeps activations is one the scope cannot "
+                    "recompute here (see the notes)")
+        return "the by-layer table shows no layer keeping activations"
+
+    @property
+    def left_out_words(self) -> str:
+        """The layers left out, grouped by why; `""` where none were."""
+        by_why: dict[str, list[str]] = {}
+        for name, why in self.left_out.items():
+            by_why.setdefault(why, []).append(name)
+        return "; ".join(f"{', '.join(names[:REMAT_LAYERS])}"
+                         f"{' and more' if len(names) > REMAT_LAYERS else ''} ({why})"
+                         for why, names in by_why.items())
 
     @property
     def optimizer_name(self) -> str:
@@ -70,6 +107,12 @@ class Lever:
 
     def note(self, s: Situation) -> str:
         return self.notes
+
+    def leave_out(self, s: Situation, layers: list, why: str) -> bool:
+        """Where measuring raised in the call of one of `layers` (outermost
+        first) that the lever may do without, leaves it out (in `s`) and
+        says `True`: the lever is measured again."""
+        return False
 
     def failure_hint(self, error: BaseException) -> str:
         """What to do where measuring the lever raised `error`; `""` where
@@ -140,6 +183,35 @@ class LeanOptimizer(Lever):
                 "often a schedule; converges slower on transformers")
 
 
+#: Keras recomputes a layer on TensorFlow and PyTorch without casting its
+#: weights to a mixed policy's compute dtype (keras-team/keras#21448).
+MIXED_REMAT_BACKENDS = ("tensorflow", "torch")
+MIXED_REMAT_WORDS = ("Keras recomputes a layer on TensorFlow and PyTorch without "
+                     "casting its float32 weights to the mixed policy's compute "
+                     "dtype (keras-team/keras#21448)")
+
+
+def why_not_recomputable(layer: Any, backend: str) -> str:
+    """Why `keras.RematScope` cannot recompute `layer`'s call on `backend`,
+    as far as the layer shows it before a step, or `""`. On TensorFlow
+    `tf.custom_gradient` takes no keyword arguments in a compiled step, and
+    Keras passes `training` and `mask` as keywords; on
+    TensorFlow and PyTorch a layer under a mixed dtype policy is recomputed
+    without casting the weights it reads cast (`MIXED_REMAT_WORDS`; not
+    BatchNormalization's, which it reads in float32)."""
+    training = getattr(layer, "_call_has_training_arg", False)
+    if backend == "tensorflow" and (training or getattr(layer, "_call_has_mask_arg",
+                                                        False)):
+        return ("takes `training` or `mask` as keywords, which TensorFlow's "
+                "recomputation refuses in a compiled step")
+    policy = getattr(layer, "dtype_policy", None)
+    cast = [w for w in layer.weights if getattr(w, "_autocast", False)]
+    if backend in MIXED_REMAT_BACKENDS and cast and policy is not None \
+            and policy.compute_dtype != policy.variable_dtype:
+        return f"computes in {policy.compute_dtype}: {MIXED_REMAT_WORDS}"
+    return ""
+
+
 class Remat(Lever):
     """Activation recomputation (`keras.RematScope`): the whole model, or
     the layers that hold the most."""
@@ -150,6 +222,16 @@ class Remat(Lever):
 
     def _names(self, s: Situation) -> list[str]:
         return list(s.heavy_layers) if not isinstance(s.heavy_layers, str) else []
+
+    def leave_out(self, s: Situation, layers: list, why: str) -> bool:
+        """A named layer whose recomputed call raised (on JAX, one that
+        branches on an argument, which the scope traces) is left out."""
+        names = self._names(s) if self.layers else []
+        for layer in layers:
+            if layer.name in names:
+                s.left_out[layer.name] = why
+                return True
+        return False
 
     def why_not(self, s: Situation) -> str:
         if self.layers and not self._names(s):
@@ -177,12 +259,17 @@ class Remat(Lever):
         return f"with {scope}: model = build_model()"
 
     def note(self, s: Situation) -> str:
-        return ("recomputes those layers' forward pass in the backward pass (more "
-                "compute, same results)" if self.layers else
-                "recomputes the forward pass in the backward pass (about a third "
+        if self.layers:
+            return ("recomputes those layers' forward pass in the backward pass "
+                    "(more compute, same results)"
+                    + (f"; left out: {s.left_out_words}" if s.left_out else ""))
+        return ("recomputes the forward pass in the backward pass (about a third "
                 "more compute, same results)")
 
     def failure_hint(self, error: BaseException) -> str:
+        if _mixed_mismatch(str(error)):
+            return (f"{MIXED_REMAT_WORDS}: recompute on JAX, or leave the layers "
+                    "with weights out of the scope")
         if "custom_gradient" in str(error):
             return ("on TensorFlow, Keras recomputes a layer through "
                     "`tf.custom_gradient`, which takes no keyword arguments in a "
@@ -257,10 +344,25 @@ def all_levers() -> list[Lever]:
 LEVER_NAMES = tuple(lever.name for lever in all_levers())
 
 
+def _mixed_mismatch(text: str) -> bool:
+    """Whether an error reads as a recomputed layer's uncast weights: a
+    float16 and a float32 operand (TensorFlow), or recomputed tensors whose
+    dtype differs from the forward pass's (PyTorch's checkpoint)."""
+    return ("float16" in text or "bfloat16" in text) and (
+        "does not match type" in text or "different metadata" in text)
+
+
 def compatible(levers: list[Lever]) -> bool:
-    """Whether the levers can be pulled together (one optimizer, one remat)."""
+    """Whether the levers can be pulled together: one optimizer, one remat,
+    and on TensorFlow and PyTorch no recomputation with mixed precision
+    (`MIXED_REMAT_WORDS`)."""
+    import keras
+
     kinds = [("optimizer" if isinstance(lever, LeanOptimizer) else
               "remat" if isinstance(lever, Remat) else lever.name) for lever in levers]
+    if "remat" in kinds and "mixed_precision" in kinds and \
+            keras.backend.backend() in MIXED_REMAT_BACKENDS:
+        return False
     return len(kinds) == len(set(kinds))
 
 

@@ -22,9 +22,9 @@ from keras_memwatch.configure.devices import device_label
 from keras_memwatch.units import format_bytes
 from keras_memwatch.variables import variable_bytes
 from keras_memwatch.ways import table as T
-from keras_memwatch.ways.levers import (LEVER_NAMES, REMAT_LAYERS, Lever, Situation,
-                                        all_levers, combined)
-from keras_memwatch.ways.failure import failure_words
+from keras_memwatch.ways.levers import (LEVER_NAMES, Lever, Situation, all_levers,
+                                        combined, why_not_recomputable)
+from keras_memwatch.ways.failure import called_layers, failure_words, raised_error
 from keras_memwatch.ways.measure import Measured, measure
 from keras_memwatch.ways.variant import Setting, realized
 
@@ -230,8 +230,10 @@ def _measure_all(model: Any, data: Batches, b: int, names: list[str],
                           accumulation=_accumulation(model, b, as_is, account))
     if "remat_layers" in names:
         late = measuring.out_of_time()
-        situation.heavy_layers = (f"the by-layer table was not made: {late}" if late
-                                  else _heavy_layers(model, data, b))
+        situation.layers_by_activation = (
+            f"the by-layer table was not made: {late}" if late
+            else _layers_by_activation(model, data, b))
+        situation.left_out = _not_recomputable(model)
     rows, saved = [], []
     situation.settings = {T.AS_IS: Setting()}
     situation.rooms = {T.AS_IS: (as_is.held_bytes, as_is.widened_bytes)}
@@ -274,14 +276,13 @@ def _lever_row(lever: Lever, s: Situation, model: Any, data: Batches, b: int,
     if late:
         return T.unmeasured_row(lever.name, lever.change(s), f"not measured: {late}",
                                 lever.note(s)), None
-    setting = lever.setting(s)
-    s.settings[lever.name] = setting
     try:
-        m = measuring(model, data, b, setting)
+        setting, m = _measured([lever], s, model, data, b, measuring)
     except Exception as e:  # noqa: BLE001 - the lever's failure is its row
         logger.info("ways_to_fit: %s could not be measured: %r", lever.name, e)
         return T.unmeasured_row(lever.name, lever.change(s), failure_words(e, lever),
                                 lever.note(s)), None
+    s.settings[lever.name] = setting
     s.rooms[lever.name] = (m.held_bytes, m.widened_bytes)
     return T.measured_row(lever.name, lever.change(s), lever.note(s), m, account,
                           setting.accumulation), m
@@ -290,19 +291,27 @@ def _lever_row(lever: Lever, s: Situation, model: Any, data: Batches, b: int,
 def _group_row(group: list[Lever], s: Situation, model: Any, data: Batches, b: int,
                measuring: Measuring, account: T.Account) -> dict:
     name = " + ".join(lever.name for lever in group)
-    change = "; ".join(lever.change(s) for lever in group)
-    notes = "; ".join(lever.note(s) for lever in group)
     late = measuring.out_of_time()
     if late:
-        return T.unmeasured_row(name, change, f"not measured: {late}", notes)
-    setting = combined(group, s)
-    s.settings[name] = setting
+        return T.unmeasured_row(name, _changes(group, s), f"not measured: {late}",
+                                _notes(group, s))
     try:
-        m = measuring(model, data, b, setting)
+        setting, m = _measured(group, s, model, data, b, measuring)
     except Exception as e:  # noqa: BLE001
-        return T.unmeasured_row(name, change, failure_words(e), notes)
+        return T.unmeasured_row(name, _changes(group, s), failure_words(e),
+                                _notes(group, s))
+    s.settings[name] = setting
     s.rooms[name] = (m.held_bytes, m.widened_bytes)
-    return T.measured_row(name, change, notes, m, account, setting.accumulation)
+    return T.measured_row(name, _changes(group, s), _notes(group, s), m, account,
+                          setting.accumulation)
+
+
+def _changes(group: list[Lever], s: Situation) -> str:
+    return "; ".join(lever.change(s) for lever in group)
+
+
+def _notes(group: list[Lever], s: Situation) -> str:
+    return "; ".join(lever.note(s) for lever in group)
 
 
 def _accumulation(model: Any, b: int, as_is: Measured, account: T.Account) -> int:
@@ -320,9 +329,9 @@ def _accumulation(model: Any, b: int, as_is: Measured, account: T.Account) -> in
     return k
 
 
-def _heavy_layers(model: Any, data: Batches, b: int) -> Any:
-    """The layers that keep the most activations (`memory_by_layer` at a
-    small batch), to half of all or `REMAT_LAYERS`, or why none are known."""
+def _layers_by_activation(model: Any, data: Batches, b: int) -> Any:
+    """`(name, activation_bytes)` of each layer that keeps activations, the
+    most first (`memory_by_layer` at a small batch), or why none are known."""
     from keras_memwatch.explain.layers import STEP_ROWS, memory_by_layer
 
     try:
@@ -334,15 +343,38 @@ def _heavy_layers(model: Any, data: Batches, b: int) -> Any:
     rows = layers[~layers["layer"].isin(STEP_ROWS)].dropna(subset=["activation_bytes"])
     rows = rows[rows["activation_bytes"] > 0].sort_values("activation_bytes",
                                                           ascending=False)
-    total = float(rows["activation_bytes"].sum())
-    names: list[str] = []
-    held = 0.0
-    for layer, held_bytes in zip(rows["layer"], rows["activation_bytes"]):
-        names.append(str(layer).split("/")[-1])
-        held += float(held_bytes)
-        if held >= total / 2 or len(names) >= REMAT_LAYERS:
-            break
-    return names or "the by-layer table shows no layer keeping activations"
+    return [(str(layer).split("/")[-1], float(size))
+            for layer, size in zip(rows["layer"], rows["activation_bytes"])]
+
+
+def _not_recomputable(model: Any) -> dict[str, str]:
+    """The model's layers that the scope cannot recompute on this backend,
+    as far as they show it before a step (`why_not_recomputable`)."""
+    import keras
+
+    backend = keras.backend.backend()
+    out = {}
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        why = why_not_recomputable(layer, backend)
+        if why:
+            out[layer.name] = why
+    return out
+
+
+def _measured(levers: list[Lever], s: Situation, model: Any, data: Batches, b: int,
+              measuring: Measuring) -> tuple[Setting, Measured]:
+    """The levers' setting, measured. Where a step raised in the call of a
+    layer a lever may do without (a recomputed layer that branches on an
+    argument), the lever leaves it out and the setting is measured again."""
+    while True:
+        setting = combined(levers, s)
+        try:
+            return setting, measuring(model, data, b, setting)
+        except Exception as e:  # noqa: BLE001 - raised again unless left out
+            why = f"its recomputed call raised {type(raised_error(e)).__name__}"
+            layers = called_layers(e)
+            if not any(lever.leave_out(s, layers, why) for lever in levers):
+                raise
 
 
 def _bf16_slow(device: Optional[str]) -> bool:

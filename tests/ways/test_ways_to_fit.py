@@ -343,3 +343,37 @@ def test_real_steps_near_a_limit_ask_a_spare_size_below_the_wanted_batch():
     assert sizes_for(16, None, spare=True) == [4, 8, 16]  # 16 may run out
     assert sizes_for(2, None, spare=True) == [1, 2]
     assert sizes_for(16, 10, spare=True) == [4, 8]
+
+
+def test_recomputing_the_heaviest_layers_leaves_out_those_the_scope_cannot_run():
+    """The gate keeps the most activations and branches on `training`. JAX
+    traces that argument in a recomputed call (found by the step: the
+    layer is left out and the rest measured again); TensorFlow refuses it
+    as a keyword (known before the step); PyTorch recomputes it."""
+
+    class Gate(keras.layers.Layer):
+        def call(self, x, training=None):
+            wide = keras.ops.tanh(keras.ops.repeat(x, 4, axis=-1))
+            return wide if training else keras.ops.zeros_like(wide)
+
+    inputs = keras.Input((64, 32))
+    h = Gate(name="gate")(keras.layers.Conv1D(256, 1, name="wide")(inputs))
+    outputs = keras.layers.Dense(10, name="head")(
+        keras.layers.GlobalAveragePooling1D(name="pool")(h))
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer="adam",
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = sequence_data()
+    table = ways_to_fit(model, x, y, batch_size=16, levers=["remat_layers"],
+                        combinations=False, verbose=0)
+    remat = row(table, "remat_layers")
+    assert not pd.isna(remat["need_bytes"]), remat["how"]
+    named = ast.literal_eval(re.search(r"layer_names=(\[.*?\])", remat["change"])[1])
+    if BACKEND == "torch":
+        assert "gate" in named and "left out" not in remat["notes"]
+    else:
+        assert "gate" not in named and named
+        why = ("its recomputed call raised TracerBoolConversionError"
+               if BACKEND == "jax" else "keywords")
+        assert re.search(r"left out: .*\bgate\b.*" + why, remat["notes"]), \
+            remat["notes"]
