@@ -63,21 +63,31 @@ def _building_an_error(error: BaseException) -> bool:
 def _failing_layer(error: BaseException) -> str:
     """`"Class 'name'"` of the innermost layer whose `call` the error went
     through, or `""`."""
-    layers = called_layers(error)
+    layers = called_layers(error, ("call",))
     return f"{type(layers[-1]).__name__} {layers[-1].name!r}" if layers else ""
 
 
-def called_layers(error: BaseException) -> list:
-    """The layers whose `call` the error went through (behind Keras's
-    re-raise), outermost first."""
+def called_layers(error: BaseException,
+                  methods: tuple[str, ...] = ("call", "__call__")) -> list:
+    """The layers whose `methods` the error went through, outermost first
+    (`__call__` too: a recomputation can fail before the layer's `call`).
+    Keras re-raises at each layer's `__call__`, so the frames of the outer
+    calls are in the tracebacks of the re-raised errors, which are read
+    down to the error the step raised (`raised_error`)."""
     import keras
 
-    found = []
-    tb = raised_error(error).__traceback__
-    while tb is not None:
-        frame = tb.tb_frame
-        layer = frame.f_locals.get("self")
-        if frame.f_code.co_name == "call" and isinstance(layer, keras.layers.Layer):
-            found.append(layer)
-        tb = tb.tb_next
+    innermost = raised_error(error)
+    chain = [error]
+    while chain[-1] is not innermost and chain[-1].__context__ is not None:
+        chain.append(chain[-1].__context__)
+    found: list = []
+    for each in chain:
+        tb = each.__traceback__
+        while tb is not None:
+            frame = tb.tb_frame
+            layer = frame.f_locals.get("self")
+            if frame.f_code.co_name in methods and isinstance(layer, keras.layers.Layer) \
+                    and all(layer is not seen for seen in found):
+                found.append(layer)
+            tb = tb.tb_next
     return found

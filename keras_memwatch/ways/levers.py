@@ -5,6 +5,7 @@ object that knows whether it applies to a model, the `Setting` it makes
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Container, Sequence
 from typing import Any, Optional
 
 from keras_memwatch.measure.batches import Batches
@@ -26,9 +27,9 @@ class Situation:
         batch_size: the wanted batch.
         on_gpu: whether the device measured is a GPU.
         bf16_slow: the device lacks fast bfloat16 (a GPU before Ampere).
-        layers_by_activation: `(name, activation_bytes)` of each layer
-            that keeps activations, the most first (`memory_by_layer`; names
-            as `keras.RematScope` matches them), or why none are known.
+        layers_by_activation: `(path, activation_bytes)` of each layer of
+            the by-layer table with its blocks expanded (`memory_by_layer`:
+            what the layer keeps itself), or why none are known.
         left_out: layer name -> why the scope cannot recompute it here.
         accumulation: the gradient accumulation steps to measure.
         settings: each measured row's setting, by its lever.
@@ -50,21 +51,11 @@ class Situation:
 
     @property
     def heavy_layers(self) -> Any:
-        """The layers that keep the most activations and that the scope can
-        recompute, to half of all or `REMAT_LAYERS`; or why there are none."""
-        ranked = self.layers_by_activation
-        if isinstance(ranked, str):
-            return ranked
-        total = sum(size for _, size in ranked)
-        names: list[str] = []
-        held = 0.0
-        for name, size in ranked:
-            if name in self.left_out:
-                continue
-            names.append(name)
-            held += size
-            if held >= total / 2 or len(names) >= REMAT_LAYERS:
-                break
+        """The layers to recompute (`heaviest`), or why there are none."""
+        rows = self.layers_by_activation
+        if isinstance(rows, str):
+            return rows
+        names = heaviest(rows, self.left_out)
         if names:
             return names
         if self.left_out:
@@ -74,10 +65,14 @@ class Situation:
 
     @property
     def left_out_words(self) -> str:
-        """The layers left out, grouped by why; `""` where none were."""
+        """The layers left out that keep activations, the heaviest first,
+        grouped by why; `""` where none were."""
+        rows = self.layers_by_activation
+        saves = {} if isinstance(rows, str) else recomputed_bytes(rows)
         by_why: dict[str, list[str]] = {}
-        for name, why in self.left_out.items():
-            by_why.setdefault(why, []).append(name)
+        for name in sorted(self.left_out, key=lambda n: -saves.get(n, 0.0)):
+            if saves.get(name, 0.0) > 0:
+                by_why.setdefault(self.left_out[name], []).append(name)
         return "; ".join(f"{', '.join(names[:REMAT_LAYERS])}"
                          f"{' and more' if len(names) > REMAT_LAYERS else ''} ({why})"
                          for why, names in by_why.items())
@@ -86,6 +81,61 @@ class Situation:
     def optimizer_name(self) -> str:
         optimizer = self.model.optimizer
         return type(getattr(optimizer, "inner_optimizer", optimizer)).__name__
+
+
+def _inside(path: str, outer: str) -> bool:
+    return path.startswith(outer + "/")
+
+
+def _paths_by_name(rows: Sequence[tuple[str, float]]) -> dict[str, list[str]]:
+    by_name: dict[str, list[str]] = {}
+    for path, _ in rows:
+        by_name.setdefault(path.split("/")[-1], []).append(path)
+    return by_name
+
+
+def recomputed_bytes(rows: Sequence[tuple[str, float]]) -> dict[str, float]:
+    """What recomputing each name would spare: what every layer of that
+    name keeps, with what the layers inside it keep (`heaviest`'s rows)."""
+    return {name: sum(size for path in paths for other, size in rows
+                      if other == path or _inside(other, path))
+            for name, paths in _paths_by_name(rows).items()}
+
+
+def heaviest(rows: Sequence[tuple[str, float]], left_out: Container[str]) -> list[str]:
+    """The names of the layers whose recomputation saves the most.
+
+    A name stands for every layer of that name (as `keras.RematScope`
+    matches them), and a layer for what it keeps and what the layers inside
+    it keep. The most first, to half of all the layers keep or
+    `REMAT_LAYERS` names; none in `left_out`, none wholly inside a layer
+    already named (a block left out leaves its layers to be named).
+
+    Args:
+        rows: `(path, activation_bytes)` of each layer, what it keeps
+            itself, with paths `outer/inner` for layers inside others.
+        left_out: names the scope cannot recompute.
+
+    Returns:
+        The names, the most first.
+    """
+    saves = recomputed_bytes(rows)
+    by_name = _paths_by_name(rows)
+    total = sum(size for _, size in rows)
+    names: list[str] = []
+    chosen: list[str] = []
+    held = 0.0
+    for name in sorted(saves, key=lambda n: -saves[n]):
+        if name in left_out or saves[name] <= 0:
+            continue
+        if all(any(_inside(p, c) for c in chosen) for p in by_name[name]):
+            continue
+        names.append(name)
+        chosen += by_name[name]
+        held += saves[name]
+        if held >= total / 2 or len(names) >= REMAT_LAYERS:
+            break
+    return names
 
 
 class Lever:
@@ -194,16 +244,17 @@ MIXED_REMAT_WORDS = ("Keras recomputes a layer on TensorFlow and PyTorch without
 def why_not_recomputable(layer: Any, backend: str) -> str:
     """Why `keras.RematScope` cannot recompute `layer`'s call on `backend`,
     as far as the layer shows it before a step, or `""`. On TensorFlow
-    `tf.custom_gradient` takes no keyword arguments in a compiled step, and
-    Keras passes `training` and `mask` as keywords; on
+    `tf.custom_gradient` takes no keyword arguments in a compiled step, so
+    a layer whose call takes any argument besides its inputs is left out
+    (Keras passes `training` and `mask` as keywords); on
     TensorFlow and PyTorch a layer under a mixed dtype policy is recomputed
     without casting the weights it reads cast (`MIXED_REMAT_WORDS`; not
     BatchNormalization's, which it reads in float32)."""
-    training = getattr(layer, "_call_has_training_arg", False)
-    if backend == "tensorflow" and (training or getattr(layer, "_call_has_mask_arg",
-                                                        False)):
-        return ("takes `training` or `mask` as keywords, which TensorFlow's "
-                "recomputation refuses in a compiled step")
+    arguments = list(getattr(layer, "call_signature_parameters", ()))[1:]
+    if backend == "tensorflow" and arguments:
+        return ("its call takes arguments besides its inputs (Keras passes "
+                "`training` and `mask` as keywords, a caller may pass others), "
+                "which TensorFlow's recomputation refuses in a compiled step")
     policy = getattr(layer, "dtype_policy", None)
     cast = [w for w in layer.weights if getattr(w, "_autocast", False)]
     if backend in MIXED_REMAT_BACKENDS and cast and policy is not None \
@@ -225,11 +276,14 @@ class Remat(Lever):
 
     def leave_out(self, s: Situation, layers: list, why: str) -> bool:
         """A named layer whose recomputed call raised (on JAX, one that
-        branches on an argument, which the scope traces) is left out."""
+        branches on an argument, which the scope traces) is left out, with
+        every layer of its class (their calls are the same code)."""
         names = self._names(s) if self.layers else []
         for layer in layers:
             if layer.name in names:
-                s.left_out[layer.name] = why
+                for other in s.model._flatten_layers(include_self=False):
+                    if type(other) is type(layer):
+                        s.left_out[other.name] = why
                 return True
         return False
 

@@ -330,21 +330,19 @@ def _accumulation(model: Any, b: int, as_is: Measured, account: T.Account) -> in
 
 
 def _layers_by_activation(model: Any, data: Batches, b: int) -> Any:
-    """`(name, activation_bytes)` of each layer that keeps activations, the
-    most first (`memory_by_layer` at a small batch), or why none are known."""
+    """`(path, activation_bytes)` of each layer, blocks expanded
+    (`memory_by_layer` at a small batch), or why none are known."""
     from keras_memwatch.explain.layers import STEP_ROWS, memory_by_layer
 
     try:
         x, y = data.take(max(1, min(b, data.n) // 2))
-        layers = memory_by_layer(model, x, y, expand_nested=True)
+        layers = memory_by_layer(model, x, y, expand_nested=True, expand_blocks=True)
     except Exception as e:  # noqa: BLE001
         return f"the by-layer table could not be made ({type(e).__name__}: {e})"
     # the loss and the update are the step's, not layers a scope can name
     rows = layers[~layers["layer"].isin(STEP_ROWS)].dropna(subset=["activation_bytes"])
-    rows = rows[rows["activation_bytes"] > 0].sort_values("activation_bytes",
-                                                          ascending=False)
-    return [(str(layer).split("/")[-1], float(size))
-            for layer, size in zip(rows["layer"], rows["activation_bytes"])]
+    return [(str(path), float(size))
+            for path, size in zip(rows["layer"], rows["activation_bytes"])]
 
 
 def _not_recomputable(model: Any) -> dict[str, str]:

@@ -1,6 +1,7 @@
-"""Which layers `keras.RematScope` can recompute on each backend, and which
-levers can be pulled together: the rules are Keras's, so each backend's is
-checked here whatever backend runs the test."""
+"""Which layers `keras.RematScope` can recompute on each backend (the rules
+are Keras's, so each backend's is checked here whatever backend runs the
+test), which of them recomputing saves the most, and which levers can be
+pulled together."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import keras
 import pytest
 
 from keras_memwatch.ways.levers import (MIXED_REMAT_BACKENDS, all_levers, compatible,
-                                        why_not_recomputable)
+                                        heaviest, why_not_recomputable)
 
 BACKEND = keras.backend.backend()
 
@@ -76,3 +77,29 @@ def test_a_recomputation_that_met_uncast_weights_says_why():
         hint = remat.failure_hint(TypeError(words))
         assert "keras-team/keras#21448" in hint and "recompute on JAX" in hint
     assert remat.failure_hint(TypeError("shapes do not match")) == ""
+
+
+#: A by-layer table with its blocks expanded: what each layer keeps itself.
+ROWS = [("embed", 4.0),
+        ("block_0", 1.0), ("block_0/attention", 6.0), ("block_0/dense", 8.0),
+        ("block_0/dropout", 2.0),
+        ("block_1", 1.0), ("block_1/attention", 6.0), ("block_1/dense", 8.0),
+        ("block_1/dropout_1", 2.0),
+        ("head", 2.0)]
+
+
+def test_the_heaviest_are_whole_blocks_first_to_half_of_all():
+    # each block keeps 17 with its layers, of 40 in all
+    assert heaviest(ROWS, set()) == ["block_0", "block_1"]
+
+
+def test_a_block_left_out_leaves_its_layers_named_by_name_across_blocks():
+    # `dense` is one name for both blocks' layers: the scope matches names
+    assert heaviest(ROWS, {"block_0", "block_1"}) == ["dense", "attention"]
+    assert heaviest(ROWS, {"block_0", "block_1", "dense"}) == [
+        "attention", "embed", "dropout"]
+
+
+def test_nothing_to_name_where_every_layer_is_left_out_or_keeps_nothing():
+    assert heaviest(ROWS, {path.split("/")[-1] for path, _ in ROWS}) == []
+    assert heaviest([("a", 0.0), ("b", 0.0)], set()) == []

@@ -348,8 +348,9 @@ def test_real_steps_near_a_limit_ask_a_spare_size_below_the_wanted_batch():
 def test_recomputing_the_heaviest_layers_leaves_out_those_the_scope_cannot_run():
     """The gate keeps the most activations and branches on `training`. JAX
     traces that argument in a recomputed call (found by the step: the
-    layer is left out and the rest measured again); TensorFlow refuses it
-    as a keyword (known before the step); PyTorch recomputes it."""
+    layer is left out, with every layer of its class, and the rest measured
+    again); TensorFlow refuses it as a keyword (known before the step);
+    PyTorch recomputes it."""
 
     class Gate(keras.layers.Layer):
         def call(self, x, training=None):
@@ -357,7 +358,9 @@ def test_recomputing_the_heaviest_layers_leaves_out_those_the_scope_cannot_run()
             return wide if training else keras.ops.zeros_like(wide)
 
     inputs = keras.Input((64, 32))
-    h = Gate(name="gate")(keras.layers.Conv1D(256, 1, name="wide")(inputs))
+    wide = Gate(name="gate")(keras.layers.Conv1D(256, 1, name="wide")(inputs))
+    narrow = Gate(name="small_gate")(keras.layers.Conv1D(8, 1, name="narrow")(inputs))
+    h = keras.layers.Concatenate(name="both")([wide, narrow])
     outputs = keras.layers.Dense(10, name="head")(
         keras.layers.GlobalAveragePooling1D(name="pool")(h))
     model = keras.Model(inputs, outputs)
@@ -377,3 +380,5 @@ def test_recomputing_the_heaviest_layers_leaves_out_those_the_scope_cannot_run()
                if BACKEND == "jax" else "keywords")
         assert re.search(r"left out: .*\bgate\b.*" + why, remat["notes"]), \
             remat["notes"]
+        # the other gate is the same code: left out with the first
+        assert "small_gate" in remat["notes"]
