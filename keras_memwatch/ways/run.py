@@ -23,7 +23,8 @@ from keras_memwatch.units import format_bytes
 from keras_memwatch.variables import variable_bytes
 from keras_memwatch.ways import table as T
 from keras_memwatch.ways.levers import (LEVER_NAMES, Lever, Situation, all_levers,
-                                        combined, why_not_recomputable)
+                                        combined)
+from keras_memwatch.ways.recompute import not_recomputable
 from keras_memwatch.ways.failure import called_layers, failure_words, raised_error
 from keras_memwatch.ways.measure import Measured, measure
 from keras_memwatch.ways.variant import Setting, realized
@@ -215,6 +216,8 @@ class Measuring:
 def _measure_all(model: Any, data: Batches, b: int, names: list[str],
                  combinations: bool, measuring: Measuring, shown: Progress
                  ) -> tuple[list, list, T.Account, Situation]:
+    import keras
+
     as_is = measuring(model, data, b, Setting())
     if not as_is.on_gpu:
         # The host's first steps in a process touch memory that later ones
@@ -233,7 +236,7 @@ def _measure_all(model: Any, data: Batches, b: int, names: list[str],
         situation.layers_by_activation = (
             f"the by-layer table was not made: {late}" if late
             else _layers_by_activation(model, data, b))
-        situation.left_out = _not_recomputable(model)
+        situation.left_out = not_recomputable(model, keras.backend.backend())
     rows, saved = [], []
     situation.settings = {T.AS_IS: Setting()}
     situation.rooms = {T.AS_IS: (as_is.held_bytes, as_is.widened_bytes)}
@@ -343,20 +346,6 @@ def _layers_by_activation(model: Any, data: Batches, b: int) -> Any:
     rows = layers[~layers["layer"].isin(STEP_ROWS)].dropna(subset=["activation_bytes"])
     return [(str(path), float(size))
             for path, size in zip(rows["layer"], rows["activation_bytes"])]
-
-
-def _not_recomputable(model: Any) -> dict[str, str]:
-    """The model's layers that the scope cannot recompute on this backend,
-    as far as they show it before a step (`why_not_recomputable`)."""
-    import keras
-
-    backend = keras.backend.backend()
-    out = {}
-    for layer in model._flatten_layers(include_self=False, recursive=True):
-        why = why_not_recomputable(layer, backend)
-        if why:
-            out[layer.name] = why
-    return out
 
 
 def _measured(levers: list[Lever], s: Situation, model: Any, data: Batches, b: int,
