@@ -7,6 +7,7 @@ text), and below the callback and the command line. The modules:
 
 - `variant`: what a variant changes (`Setting`), made for a block and undone;
 - `levers`: each lever: whether it applies, its setting, its code and notes;
+- `recompute`: which layers a recomputation can name here, the heaviest first;
 - `measure`: a variant's need at the wanted batch, its record, its speed;
 - `table`: the rows, the one account they are read in, the combinations;
 - `failure`: why a lever could not be measured, in words;
