@@ -9,6 +9,7 @@ text), and below the callback and the command line. The modules:
 - `levers`: each lever: whether it applies, its setting, its code and notes;
 - `recompute`: which layers a recomputation can name here, the heaviest first;
 - `measure`: a variant's need at the wanted batch, its record, its speed;
+- `room`: the user's state held beside a variant, and the cap widened by it;
 - `table`: the rows, the one account they are read in, the combinations;
 - `failure`: why a lever could not be measured, in words;
 - `run`: `ways_to_fit`.
