@@ -205,31 +205,16 @@ def measure(variant: Variant, device: Optional[str], headroom: float,
             planned = strategy.how == PLAN
             sizes = sizes_for(variant.batch_size, host_largest,
                               spare=dev.on_gpu and not planned)
-            stored = stored_record.Stored([])
             if planned:
-                # a row's record of its own: its sizes are not an estimate's
-                key = (strategy.fingerprint(record="ways_to_fit") if cache_directory
-                       else None)
-                if key is not None:
-                    stored = stored_record.load(cache_directory, key)
-                observations, seconds = _planned(strategy, model, data, sizes,
-                                                 variant.batch_size,
-                                                 stored.observations)
-                search = Search(strategy, dev.on_gpu, None, deadline=deadline,
-                                known=observations)
-                if dev.on_gpu and strategy.limit is not None:
-                    observations = _bracketed(search, headroom, variant.held_bytes)
-                if key is not None and len(observations) > len(stored.observations):
-                    stored_record.save(cache_directory, key, observations,
-                                       stored.stopped)
+                observations, seconds, search, stored = _by_plans(
+                    strategy, variant, sizes, headroom, deadline, cache_directory,
+                    dev.on_gpu)
                 how = PLANNED
             else:
-                search = Search(strategy, dev.on_gpu, host_largest, deadline=deadline)
-                observations = list(search.run(headroom, sizes).observations)
-                ran = [o for o in observations if o.ran and o.batch_size <=
-                       variant.batch_size and o.seconds > 0]
-                top = max(ran, key=lambda o: o.batch_size, default=None)
-                seconds = None if top is None else top.seconds / top.batch_size
+                observations, seconds, search = _by_steps(
+                    strategy, variant, sizes, headroom, deadline, dev.on_gpu,
+                    host_largest)
+                stored = 0
                 how = MEASURED
             limit = None if strategy.limit is None else strategy.limit - widened
             left = ((search.checks_left or search.stopped or "out of time "
@@ -237,11 +222,45 @@ def measure(variant: Variant, device: Optional[str], headroom: float,
             return Measured(tuple(observations), state_bytes(model), strategy.in_use,
                             limit, strategy.limit_words, variant.batch_size,
                             seconds, how, dev.on_gpu, variant.held_bytes, widened,
-                            left, len(stored.observations))
+                            left, stored)
         finally:
             if hasattr(strategy, "close"):
                 strategy.close()
             dev.close()
+
+
+def _by_plans(strategy: Any, variant: Variant, sizes: list[int], headroom: float,
+              deadline: Deadline, cache_directory: Optional[str], on_gpu: bool
+              ) -> tuple[list[Observation], Optional[float], Search, int]:
+    """XLA's plans at `sizes` (read from the row's stored record where it
+    holds them), then on a GPU the search's brackets; the record, a
+    sample's seconds, the search, and how many sizes the stored record gave."""
+    # a row's record of its own: its sizes are not an estimate's
+    key = strategy.fingerprint(record="ways_to_fit") if cache_directory else None
+    stored = (stored_record.load(cache_directory, key) if key is not None
+              else stored_record.Stored([]))
+    observations, seconds = _planned(strategy, variant.model, variant.data, sizes,
+                                     variant.batch_size, stored.observations)
+    search = Search(strategy, on_gpu, None, deadline=deadline, known=observations)
+    if on_gpu and strategy.limit is not None:
+        observations = _bracketed(search, headroom, variant.held_bytes)
+    if key is not None and len(observations) > len(stored.observations):
+        stored_record.save(cache_directory, key, observations, stored.stopped)
+    return observations, seconds, search, len(stored.observations)
+
+
+def _by_steps(strategy: Any, variant: Variant, sizes: list[int], headroom: float,
+              deadline: Deadline, on_gpu: bool, host_largest: Optional[int]
+              ) -> tuple[list[Observation], Optional[float], Search]:
+    """Real steps at `sizes`, and on a GPU the search's checks near the
+    limit; the record, a sample's seconds at the largest size up to the
+    wanted batch that ran, and the search."""
+    search = Search(strategy, on_gpu, host_largest, deadline=deadline)
+    observations = list(search.run(headroom, sizes).observations)
+    ran = [o for o in observations if o.ran and o.batch_size <= variant.batch_size
+           and o.seconds > 0]
+    top = max(ran, key=lambda o: o.batch_size, default=None)
+    return observations, None if top is None else top.seconds / top.batch_size, search
 
 
 def strategy_for(model: Any, data: Any, device: Device,
