@@ -229,9 +229,10 @@ class Remat(Lever):
 
     def note(self, s: Situation) -> str:
         if self.layers:
+            left_out = s.left_out_words
             return ("recomputes those layers' forward pass in the backward pass "
                     "(more compute, same results)"
-                    + (f"; left out: {s.left_out_words}" if s.left_out else ""))
+                    + (f"; left out: {left_out}" if left_out else ""))
         return ("recomputes the forward pass in the backward pass (about a third "
                 "more compute, same results)")
 
