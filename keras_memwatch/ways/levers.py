@@ -31,6 +31,7 @@ class Situation:
             the by-layer table with its blocks expanded (`memory_by_layer`:
             what the layer keeps itself), or why none are known.
         left_out: layer name -> why the scope cannot recompute it here.
+        layer_names: every layer's name, once, outermost first.
         accumulation: the gradient accumulation steps to measure.
         settings: each measured row's setting, by its lever.
         rooms: each measured row's `(held_bytes, widened_bytes)`: the
@@ -45,6 +46,7 @@ class Situation:
     bf16_slow: bool = False
     layers_by_activation: Any = ()
     left_out: dict = dataclasses.field(default_factory=dict)
+    layer_names: list = dataclasses.field(default_factory=list)
     accumulation: int = 2
     settings: dict = dataclasses.field(default_factory=dict)
     rooms: dict = dataclasses.field(default_factory=dict)
@@ -65,13 +67,14 @@ class Situation:
 
     @property
     def left_out_words(self) -> str:
-        """The layers left out that keep activations, the heaviest first,
-        grouped by why; `""` where none were."""
+        """The layers left out, grouped by why: where the by-layer table was
+        made, those that keep activations, the heaviest first; `""` where
+        none were."""
         rows = self.layers_by_activation
-        saves = {} if isinstance(rows, str) else recomputed_bytes(rows)
+        saves = recomputed_bytes(rows) if rows and not isinstance(rows, str) else None
         by_why: dict[str, list[str]] = {}
-        for name in sorted(self.left_out, key=lambda n: -saves.get(n, 0.0)):
-            if saves.get(name, 0.0) > 0:
+        for name in sorted(self.left_out, key=lambda n: -(saves or {}).get(n, 0.0)):
+            if saves is None or saves.get(name, 0.0) > 0:
                 by_why.setdefault(self.left_out[name], []).append(name)
         return "; ".join(f"{', '.join(names[:REMAT_LAYERS])}"
                          f"{' and more' if len(names) > REMAT_LAYERS else ''} ({why})"
@@ -186,55 +189,78 @@ class Remat(Lever):
         self.layers = layers
         self.name = "remat_layers" if layers else "remat"
 
-    def _names(self, s: Situation) -> list[str]:
-        return list(s.heavy_layers) if not isinstance(s.heavy_layers, str) else []
+    def _names(self, s: Situation) -> Optional[list[str]]:
+        """The layers named; `None` for the whole model (`mode="full"`),
+        which stands until a layer is left out."""
+        if self.layers:
+            return list(s.heavy_layers) if not isinstance(s.heavy_layers, str) else []
+        if not s.left_out:
+            return None
+        return [name for name in s.layer_names if name not in s.left_out]
 
     def leave_out(self, s: Situation, layers: list, why: str) -> bool:
-        """A named layer whose recomputed call raised (on JAX, one that
-        branches on an argument, which the scope traces) is left out, with
-        every layer of its class (their calls are the same code)."""
-        names = self._names(s) if self.layers else []
-        for layer in layers:
-            if layer.name in names:
-                for other in s.model._flatten_layers(include_self=False):
-                    if type(other) is type(layer):
-                        s.left_out[other.name] = why
-                return True
-        return False
+        """A layer whose recomputed call raised (on JAX, one that branches on
+        an argument, which the scope traces) is left out, with every layer
+        of its class (their calls are the same code). For the layers named,
+        the outermost named one that the error went through; for the whole
+        model, the innermost and every layer around it (their recomputed
+        calls trace it again)."""
+        names = self._names(s)
+        if self.layers:
+            failed = next((layer for layer in layers if layer.name in names), None)
+            around: list = []
+        else:
+            failed = layers[-1] if layers else None
+            around = layers[:-1]
+        if failed is None:
+            return False
+        before = len(s.left_out)
+        for other in s.model._flatten_layers(include_self=False):
+            if type(other) is type(failed):
+                s.left_out.setdefault(other.name, why)
+        for layer in around:
+            s.left_out.setdefault(layer.name, f"{why} in {type(failed).__name__}")
+        return len(s.left_out) > before
 
     def why_not(self, s: Situation) -> str:
-        if self.layers and not self._names(s):
+        names = self._names(s)
+        if self.layers and not names:
             why = s.heavy_layers if isinstance(s.heavy_layers, str) and \
                 s.heavy_layers else "the by-layer table named no layer"
             return (f"{why}. Name layers yourself with `keras.RematScope(mode="
                     "\"list_of_layers\", layer_names=[...])`, or recompute the whole "
                     "model (`remat`)")
+        if names == []:
+            return "the scope can recompute no layer of this model here (see the notes)"
         return ""
 
     def arguments(self, s: Situation) -> tuple[tuple[str, Any], ...]:
-        if self.layers:
-            return (("mode", "list_of_layers"), ("layer_names", tuple(self._names(s))))
-        return (("mode", "full"),)
+        names = self._names(s)
+        if names is None:
+            return (("mode", "full"),)
+        return (("mode", "list_of_layers"), ("layer_names", tuple(names)))
 
     def setting(self, s: Situation) -> Setting:
         return Setting(remat=self.arguments(s))
 
     def change(self, s: Situation) -> str:
-        if self.layers:
-            scope = (f'keras.RematScope(mode="list_of_layers", '
-                     f"layer_names={self._names(s)!r})")
-        else:
-            scope = 'keras.RematScope(mode="full")'
+        names = self._names(s)
+        scope = ('keras.RematScope(mode="full")' if names is None else
+                 f'keras.RematScope(mode="list_of_layers", layer_names={names!r})')
         return f"with {scope}: model = build_model()"
 
     def note(self, s: Situation) -> str:
+        left_out = s.left_out_words
         if self.layers:
-            left_out = s.left_out_words
-            return ("recomputes those layers' forward pass in the backward pass "
-                    "(more compute, same results)"
-                    + (f"; left out: {left_out}" if left_out else ""))
-        return ("recomputes the forward pass in the backward pass (about a third "
-                "more compute, same results)")
+            what = ("recomputes those layers' forward pass in the backward pass "
+                    "(more compute, same results)")
+        elif self._names(s) is None:
+            what = ("recomputes the forward pass in the backward pass (about a third "
+                    "more compute, same results)")
+        else:
+            what = ("recomputes every layer the scope can recompute here in the "
+                    "backward pass (more compute, same results)")
+        return what + (f"; left out: {left_out}" if left_out else "")
 
     def failure_hint(self, error: BaseException) -> str:
         if mixed_mismatch(str(error)):

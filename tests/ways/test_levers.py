@@ -31,3 +31,13 @@ def test_a_recomputation_that_met_uncast_weights_says_why():
         hint = remat.failure_hint(TypeError(words))
         assert "keras-team/keras#21448" in hint and "recompute on JAX" in hint
     assert remat.failure_hint(TypeError("shapes do not match")) == ""
+
+
+def test_a_recomputation_that_raised_says_what_to_do_on_each_backend():
+    remat = {lever.name: lever for lever in all_levers()}["remat"]
+    traced = type("TracerBoolConversionError", (TypeError,), {})
+    assert "keep the layer out of the scope" in remat.failure_hint(
+        traced("Attempted boolean conversion of traced array"))
+    keywords = ValueError("The custom_gradient decorator currently supports keywords "
+                          "arguments only when eager execution is enabled.")
+    assert "run_eagerly=True" in remat.failure_hint(keywords)

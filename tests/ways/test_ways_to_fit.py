@@ -213,31 +213,63 @@ def test_a_keras_hub_gpt2_gets_a_shorter_sequence():
     assert all(a.tobytes() == b.tobytes() for (_, a), (_, b) in zip(before, after))
 
 
-def test_a_lever_that_raises_names_the_layer_and_what_to_do():
+def test_the_whole_model_recomputed_leaves_out_what_the_scope_cannot_run():
     """On JAX, `keras.RematScope` traces every argument of a layer's call,
     so a call that branches on one (keras-hub's `ReversibleEmbedding` on
-    Gemma) cannot be recomputed; on TensorFlow, recomputation takes no
-    keyword arguments in a compiled step; on PyTorch it runs."""
+    Gemma) cannot be recomputed: the row recomputes every other layer. On
+    TensorFlow, recomputation takes no keyword arguments in a compiled
+    step, which leaves no layer here; on PyTorch the whole model runs."""
 
     class Flip(keras.layers.Layer):
         def call(self, x, reverse=False):
             return -x if reverse else x
 
     inputs = keras.Input((8,))
-    model = keras.Model(inputs, Flip(name="flip")(keras.layers.Dense(4)(inputs),
-                                                  reverse=False))
+    model = keras.Model(inputs, Flip(name="flip")(
+        keras.layers.Dense(4, name="dense")(inputs), reverse=False))
     model.compile(optimizer="adam", loss="mse")
     table = ways_to_fit(model, np.ones((4, 8), "float32"), np.zeros((4, 4), "float32"),
                         levers=["remat"], combinations=False, verbose=0)
-    how = row(table, "remat")["how"]
+    remat = row(table, "remat")
     if BACKEND == "torch":
-        assert how == "measured"
+        assert remat["how"] == "measured"
+        assert 'mode="full"' in remat["change"]
     elif BACKEND == "tensorflow":
-        assert how.startswith("not measured: ") and "custom_gradient" in how
-        assert "run_eagerly=True" in how
+        assert remat["how"].startswith("not applied: the scope can recompute no layer")
+        assert re.search(r"left out: .*flip.*arguments besides its inputs",
+                         remat["notes"]), remat["notes"]
     else:
-        assert how.startswith("not measured: Flip 'flip': TracerBoolConversionError")
-        assert "keep the layer out of the scope" in how
+        assert remat["how"] == "plan"
+        assert "layer_names=['dense']" in remat["change"]
+        assert "flip (its recomputed call raised TracerBoolConversionError)" in \
+            remat["notes"]
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="JAX traces a recomputed call's arguments")
+def test_on_jax_a_layer_around_one_that_raised_is_left_out_too():
+    class Flip(keras.layers.Layer):
+        def call(self, x, reverse=False):
+            return -x if reverse else x
+
+    class Block(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.inner = keras.layers.Dense(4, name="inner")
+            self.flip = Flip(name="flip")
+
+        def call(self, x):
+            return self.flip(self.inner(x), reverse=False)
+
+    inputs = keras.Input((8,))
+    model = keras.Model(inputs, Block(name="block")(inputs))
+    model.compile(optimizer="adam", loss="mse")
+    table = ways_to_fit(model, np.ones((4, 8), "float32"), np.zeros((4, 4), "float32"),
+                        levers=["remat"], combinations=False, verbose=0)
+    remat = row(table, "remat")
+    # the block's recomputed call traces the flip's again: both left out
+    assert remat["how"] == "plan" and "layer_names=['inner']" in remat["change"]
+    assert "block (its recomputed call raised TracerBoolConversionError in Flip)" \
+        in remat["notes"]
 
 
 @pytest.mark.parametrize("arguments, error, words", [
