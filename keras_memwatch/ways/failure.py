@@ -86,8 +86,9 @@ def called_layers(error: BaseException,
         while tb is not None:
             frame = tb.tb_frame
             layer = frame.f_locals.get("self")
-            if frame.f_code.co_name in methods and isinstance(layer, keras.layers.Layer) \
-                    and all(layer is not seen for seen in found):
+            if frame.f_code.co_name in methods and isinstance(
+                    layer, keras.layers.Layer) and all(layer is not seen
+                                                       for seen in found):
                 found.append(layer)
             tb = tb.tb_next
     return found

@@ -10,7 +10,7 @@ from typing import Any, Optional
 from keras_memwatch.measure.batches import Batches
 from keras_memwatch.ways.recompute import (MIXED_REMAT_BACKENDS, MIXED_REMAT_WORDS,
                                            REMAT_LAYERS, heaviest, mixed_mismatch,
-                                           recomputed_bytes)
+                                           recomputed_bytes, refused_when_traced)
 from keras_memwatch.ways.variant import Setting, rebuild_problem, token_length
 
 #: Optimizers whose state the optimizer levers shrink (two slots a weight).
@@ -271,7 +271,7 @@ class Remat(Lever):
                     "`tf.custom_gradient`, which takes no keyword arguments in a "
                     "compiled step: compile with `run_eagerly=True` (slower), or "
                     "recompute on JAX or PyTorch")
-        if type(error).__name__ != "TracerBoolConversionError":
+        if not refused_when_traced(error):
             return ""
         return ("on JAX, a rematerialized layer's call gets every argument traced, "
                 "and this one branches on an argument: keep the layer out of the "

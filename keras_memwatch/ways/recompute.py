@@ -9,7 +9,7 @@ from typing import Any
 
 __all__ = ["MIXED_REMAT_BACKENDS", "MIXED_REMAT_WORDS", "REMAT_LAYERS", "heaviest",
            "mixed_mismatch", "not_recomputable", "recomputed_bytes",
-           "why_not_recomputable"]
+           "refused_when_traced", "why_not_recomputable"]
 
 #: The most layers the by-layer recomputation names.
 REMAT_LAYERS = 3
@@ -52,6 +52,18 @@ def not_recomputable(model: Any, backend: str) -> dict[str, str]:
         if why:
             out[layer.name] = why
     return out
+
+
+#: JAX's errors for a traced value used as a Python one: what a layer that
+#: branches on an argument raises in a recomputed call.
+TRACING_ERRORS = ("TracerBoolConversionError", "ConcretizationTypeError",
+                  "TracerIntegerConversionError", "TracerArrayConversionError")
+
+
+def refused_when_traced(error: BaseException) -> bool:
+    """Whether `error` (the one a step raised) is JAX refusing a traced
+    value where a layer's call needs a Python one."""
+    return type(error).__name__ in TRACING_ERRORS
 
 
 def mixed_mismatch(text: str) -> bool:

@@ -24,7 +24,7 @@ from keras_memwatch.variables import variable_bytes
 from keras_memwatch.ways import table as T
 from keras_memwatch.ways.levers import (LEVER_NAMES, Lever, Situation, all_levers,
                                         combined)
-from keras_memwatch.ways.recompute import not_recomputable
+from keras_memwatch.ways.recompute import not_recomputable, refused_when_traced
 from keras_memwatch.ways.failure import called_layers, failure_words, raised_error
 from keras_memwatch.ways.measure import Measured, measure
 from keras_memwatch.ways.variant import Setting, realized
@@ -354,15 +354,19 @@ def _layers_by_activation(model: Any, data: Batches, b: int) -> Any:
 
 def _measured(levers: list[Lever], s: Situation, model: Any, data: Batches, b: int,
               measuring: Measuring) -> tuple[Setting, Measured]:
-    """The levers' setting, measured. Where a step raised in the call of a
-    layer a lever may do without (a recomputed layer that branches on an
-    argument), the lever leaves it out and the setting is measured again."""
+    """The levers' setting, measured. Where JAX refused a traced value in
+    the call of a layer a lever may do without (a recomputed layer that
+    branches on an argument), the lever leaves it out and the setting is
+    measured again."""
     while True:
         setting = combined(levers, s)
         try:
             return setting, measuring(model, data, b, setting)
         except Exception as e:  # noqa: BLE001 - raised again unless left out
-            why = f"its recomputed call raised {type(raised_error(e)).__name__}"
+            raised = raised_error(e)
+            if not refused_when_traced(raised):
+                raise
+            why = f"its recomputed call raised {type(raised).__name__}"
             layers = called_layers(e)
             if not any(lever.leave_out(s, layers, why) for lever in levers):
                 raise

@@ -8,7 +8,7 @@ import keras
 import pytest
 
 from keras_memwatch.ways.recompute import (MIXED_REMAT_BACKENDS, heaviest,
-                                           why_not_recomputable)
+                                           refused_when_traced, why_not_recomputable)
 
 
 def built(layer, shape=(4, 8)):
@@ -34,8 +34,8 @@ def test_on_tensorflow_a_layer_given_keywords_is_not_recomputed():
     # Keras passes `training` to every layer whose call takes it (Dense
     # does, unused); JAX traces it, and only a layer that branches on it
     # fails there, which shows only in a step (`ways.run._measured`)
-    for layer in (built(keras.layers.Dense(4)), built(keras.layers.BatchNormalization()),
-                  keras.layers.Dropout(0.1)):
+    for layer in (built(keras.layers.Dense(4)),
+                  built(keras.layers.BatchNormalization()), keras.layers.Dropout(0.1)):
         assert "keywords" in why_not_recomputable(layer, "tensorflow")
         assert why_not_recomputable(layer, "jax") == ""
         assert why_not_recomputable(layer, "torch") == ""
@@ -78,3 +78,9 @@ def test_a_block_left_out_leaves_its_layers_named_by_name_across_blocks():
 def test_nothing_to_name_where_every_layer_is_left_out_or_keeps_nothing():
     assert heaviest(ROWS, {path.split("/")[-1] for path, _ in ROWS}) == []
     assert heaviest([("a", 0.0), ("b", 0.0)], set()) == []
+
+
+def test_only_jax_refusing_a_traced_value_leaves_a_layer_out():
+    traced = type("TracerBoolConversionError", (TypeError,), {})
+    assert refused_when_traced(traced("Attempted boolean conversion"))
+    assert not refused_when_traced(ValueError("a bug in a layer"))
