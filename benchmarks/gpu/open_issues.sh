@@ -41,10 +41,10 @@ ways_jax() { run 560 ways-jax env KERAS_BACKEND=jax python3 -m benchmarks.gpu.wa
   --limit-mb 8192 --batch 48 --levers mixed_precision --no-combinations --verify \
   --max-seconds 360 --compilation-cache "$out/jax-cache"; }
 ways_jax_more() { run 560 ways-jax-more env KERAS_BACKEND=jax python3 -m benchmarks.gpu.ways_check \
-  gpt2 --limit-mb 8192 --batch 48 --levers sgd_momentum,shorter_sequence,remat_layers \
+  gpt2 --limit-mb 8192 --batch 48 --levers sgd_momentum,shorter_sequence,remat,remat_layers \
   --no-combinations --verify --max-seconds 360 --compilation-cache "$out/jax-cache"; }
 ways_jax_warm() { run 200 ways-jax-warm env KERAS_BACKEND=jax python3 -m benchmarks.gpu.ways_check \
-  gpt2 --limit-mb 8192 --batch 48 --levers mixed_precision,sgd_momentum,shorter_sequence,remat_layers \
+  gpt2 --limit-mb 8192 --batch 48 --levers mixed_precision,sgd_momentum,shorter_sequence,remat,remat_layers \
   --no-combinations --compilation-cache "$out/jax-cache"; }
 compare_layers() {
   if [ -s "$out/torch.json" ] && [ -s "$out/jax.json" ]; then
