@@ -304,10 +304,8 @@ def test_no_row_begins_after_max_seconds_and_each_says_so(monkeypatch):
     monkeypatch.setattr(run, "measure", measure)
     model = wide_model()
     x, y = np.ones((8, 1024), "float32"), np.zeros((8, 4), "float32")
-    began = time.perf_counter()
     table = ways_to_fit(model, x, y, max_seconds=0.5, verbose=0,
                         levers=["adafactor", "sgd_momentum", "remat_layers"])
-    took = time.perf_counter() - began
     # the model as it is is always measured; after it, nothing begins
     assert not pd.isna(row(table, "as is")["need_bytes"])
     for lever in ("adafactor", "sgd_momentum"):
@@ -319,7 +317,6 @@ def test_no_row_begins_after_max_seconds_and_each_says_so(monkeypatch):
         "not applied: the by-layer table was not made: out of time (max_seconds=0.5)")
     assert len(table) == 4  # nothing saved: no combination is measured
     assert table.attrs["max_seconds"] == 0.5
-    assert took < table.attrs["seconds"] + 0.1
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="XLA's plans: JAX")
