@@ -74,8 +74,6 @@ class Measured:
             cap before.
         left_open: where the time ran out (`max_seconds`), what the search
             left unmeasured or unbracketed; else `""`.
-        stored: sizes read from a record stored beside JAX's compilation
-            cache rather than compiled.
     """
 
     observations: tuple[Observation, ...]
@@ -90,7 +88,6 @@ class Measured:
     held_bytes: int = 0
     widened_bytes: int = 0
     left_open: str = ""
-    stored: int = 0
 
     @property
     def ran_steps(self) -> bool:
@@ -206,7 +203,7 @@ def measure(variant: Variant, device: Optional[str], headroom: float,
             sizes = sizes_for(variant.batch_size, host_largest,
                               spare=dev.on_gpu and not planned)
             if planned:
-                observations, seconds, search, stored = _by_plans(
+                observations, seconds, search = _by_plans(
                     strategy, variant, sizes, headroom, deadline, cache_directory,
                     dev.on_gpu)
                 how = PLANNED
@@ -214,7 +211,6 @@ def measure(variant: Variant, device: Optional[str], headroom: float,
                 observations, seconds, search = _by_steps(
                     strategy, variant, sizes, headroom, deadline, dev.on_gpu,
                     host_largest)
-                stored = 0
                 how = MEASURED
             limit = None if strategy.limit is None else strategy.limit - widened
             left = ((search.checks_left or search.stopped or "out of time "
@@ -222,7 +218,7 @@ def measure(variant: Variant, device: Optional[str], headroom: float,
             return Measured(tuple(observations), state_bytes(model), strategy.in_use,
                             limit, strategy.limit_words, variant.batch_size,
                             seconds, how, dev.on_gpu, variant.held_bytes, widened,
-                            left, stored)
+                            left)
         finally:
             if hasattr(strategy, "close"):
                 strategy.close()
@@ -231,10 +227,10 @@ def measure(variant: Variant, device: Optional[str], headroom: float,
 
 def _by_plans(strategy: Any, variant: Variant, sizes: list[int], headroom: float,
               deadline: Deadline, cache_directory: Optional[str], on_gpu: bool
-              ) -> tuple[list[Observation], Optional[float], Search, int]:
+              ) -> tuple[list[Observation], Optional[float], Search]:
     """XLA's plans at `sizes` (read from the row's stored record where it
     holds them), then on a GPU the search's brackets; the record, a
-    sample's seconds, the search, and how many sizes the stored record gave."""
+    sample's seconds, and the search."""
     # a row's record of its own: its sizes are not an estimate's
     key = strategy.fingerprint(record="ways_to_fit") if cache_directory else None
     stored = (stored_record.load(cache_directory, key) if key is not None
@@ -246,7 +242,7 @@ def _by_plans(strategy: Any, variant: Variant, sizes: list[int], headroom: float
         observations = _bracketed(search, headroom, variant.held_bytes)
     if key is not None and len(observations) > len(stored.observations):
         stored_record.save(cache_directory, key, observations, stored.stopped)
-    return observations, seconds, search, len(stored.observations)
+    return observations, seconds, search
 
 
 def _by_steps(strategy: Any, variant: Variant, sizes: list[int], headroom: float,
