@@ -30,7 +30,7 @@ def build(name: str) -> Any:
 
     if name.startswith("resconv"):
         return build_resconv(name)
-    if name.startswith(("gpt2", "bert")):
+    if name in HUB:
         return build_hub(name)
     if name == "conv":
         inputs = keras.Input((64, 64, 3))
@@ -202,12 +202,20 @@ HUB = {"gpt2": dict(vocabulary_size=50257, num_layers=12, num_heads=12,
        "bert": dict(vocabulary_size=30522, num_layers=12, num_heads=12,
                     hidden_dim=768, intermediate_dim=3072, max_sequence_length=256),
        "bert_tiny": dict(vocabulary_size=500, num_layers=2, num_heads=2,
-                         hidden_dim=32, intermediate_dim=64, max_sequence_length=32)}
+                         hidden_dim=32, intermediate_dim=64, max_sequence_length=32),
+       # written after the estimate's and ways_to_fit's last changes, to
+       # check them on a model they were not tuned on: OPT (learned
+       # positions, ReLU), wider and longer than GPT-2 base, with Lion
+       "opt": dict(vocabulary_size=50272, num_layers=6, num_heads=16,
+                   hidden_dim=1024, intermediate_dim=4096, max_sequence_length=512),
+       "opt_tiny": dict(vocabulary_size=500, num_layers=2, num_heads=2,
+                        hidden_dim=32, intermediate_dim=64, max_sequence_length=32)}
 
 
 def build_hub(name: str) -> Any:
-    """keras-hub's GPT2CausalLM (AdamW) or BertTextClassifier (Adam),
-    without preprocessors: token ids in, as a trained pipeline feeds them."""
+    """keras-hub's GPT2CausalLM (AdamW), OPTCausalLM (Lion) or
+    BertTextClassifier (Adam), without preprocessors: token ids in, as a
+    trained pipeline feeds them."""
     import keras
     import keras_hub
 
@@ -217,6 +225,10 @@ def build_hub(name: str) -> Any:
         model = keras_hub.models.GPT2CausalLM(
             backbone=keras_hub.models.GPT2Backbone(**c), preprocessor=None)
         model.compile(optimizer=keras.optimizers.AdamW(1e-4), loss=loss)
+    elif name.startswith("opt"):
+        model = keras_hub.models.OPTCausalLM(
+            backbone=keras_hub.models.OPTBackbone(**c), preprocessor=None)
+        model.compile(optimizer=keras.optimizers.Lion(1e-4), loss=loss)
     else:
         model = keras_hub.models.BertTextClassifier(
             backbone=keras_hub.models.BertBackbone(**c), num_classes=4,
@@ -233,7 +245,7 @@ def hub_data(name: str, n: int) -> tuple[Any, Any]:
     seq = c["max_sequence_length"]
     tokens = rng.integers(0, c["vocabulary_size"], size=(n, seq + 1)).astype("int32")
     mask = np.ones((n, seq), bool)
-    if name.startswith("gpt2"):
+    if name.startswith(("gpt2", "opt")):
         return {"token_ids": tokens[:, :-1], "padding_mask": mask}, tokens[:, 1:]
     return ({"token_ids": tokens[:, :-1], "segment_ids": np.zeros((n, seq), "int32"),
              "padding_mask": mask}, rng.integers(0, 4, size=n).astype("int32"))
