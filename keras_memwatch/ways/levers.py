@@ -9,8 +9,9 @@ from typing import Any, Optional
 
 from keras_memwatch.measure.batches import Batches
 from keras_memwatch.ways.recompute import (MIXED_REMAT_BACKENDS, MIXED_REMAT_WORDS,
-                                           REMAT_LAYERS, heaviest, mixed_mismatch,
-                                           recomputed_bytes, refused_when_traced)
+                                           REMAT_LAYERS, containing, heaviest,
+                                           mixed_mismatch, recomputed_bytes,
+                                           refused_when_traced)
 from keras_memwatch.ways.variant import Setting, rebuild_problem, token_length
 
 #: Optimizers whose state the optimizer levers shrink (two slots a weight).
@@ -201,25 +202,23 @@ class Remat(Lever):
     def leave_out(self, s: Situation, layers: list, why: str) -> bool:
         """A layer whose recomputed call raised (on JAX, one that branches on
         an argument, which the scope traces) is left out, with every layer
-        of its class (their calls are the same code). For the layers named,
-        the outermost named one that the error went through; for the whole
-        model, the innermost and every layer around it (their recomputed
-        calls trace it again)."""
+        of its class (their calls are the same code) and every layer that
+        holds one of them (their recomputed calls trace it again). For the
+        layers named, the outermost named one that the error went through;
+        for the whole model, the innermost."""
         names = self._names(s)
         if self.layers:
             failed = next((layer for layer in layers if layer.name in names), None)
-            around: list = []
         else:
             failed = layers[-1] if layers else None
-            around = layers[:-1]
         if failed is None:
             return False
         before = len(s.left_out)
         for other in s.model._flatten_layers(include_self=False):
             if type(other) is type(failed):
                 s.left_out.setdefault(other.name, why)
-        for layer in around:
-            s.left_out.setdefault(layer.name, f"{why} in {type(failed).__name__}")
+        for name, inner in containing(s.model, s.left_out).items():
+            s.left_out.setdefault(name, f"{why} in {inner}")
         return len(s.left_out) > before
 
     def why_not(self, s: Situation) -> str:

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Container, Sequence
 from typing import Any
 
-__all__ = ["MIXED_REMAT_BACKENDS", "MIXED_REMAT_WORDS", "REMAT_LAYERS", "heaviest",
-           "mixed_mismatch", "not_recomputable", "recomputed_bytes",
+__all__ = ["MIXED_REMAT_BACKENDS", "MIXED_REMAT_WORDS", "REMAT_LAYERS", "containing",
+           "heaviest", "mixed_mismatch", "not_recomputable", "recomputed_bytes",
            "refused_when_traced", "why_not_recomputable"]
 
 #: The most layers the by-layer recomputation names.
@@ -51,6 +51,25 @@ def not_recomputable(model: Any, backend: str) -> dict[str, str]:
         why = why_not_recomputable(layer, backend)
         if why:
             out[layer.name] = why
+    return out
+
+
+def containing(model: Any, names: Container[str]) -> dict[str, str]:
+    """The layers of `model`, by name, that hold a layer of `names` at any
+    depth, each with the class of one it holds: recomputing a layer runs
+    the calls of every layer inside it again, traced."""
+    out: dict[str, str] = {}
+
+    def held(layer: Any) -> str:
+        found = ""
+        for inner in layer._flatten_layers(include_self=False, recursive=False):
+            below = held(inner)
+            found = found or (type(inner).__name__ if inner.name in names else below)
+        if found and layer is not model and layer.name not in names:
+            out[layer.name] = found
+        return found
+
+    held(model)
     return out
 
 

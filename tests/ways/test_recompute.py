@@ -7,7 +7,7 @@ from __future__ import annotations
 import keras
 import pytest
 
-from keras_memwatch.ways.recompute import (MIXED_REMAT_BACKENDS, heaviest,
+from keras_memwatch.ways.recompute import (MIXED_REMAT_BACKENDS, containing, heaviest,
                                            refused_when_traced, why_not_recomputable)
 
 
@@ -78,6 +78,17 @@ def test_a_block_left_out_leaves_its_layers_named_by_name_across_blocks():
 def test_nothing_to_name_where_every_layer_is_left_out_or_keeps_nothing():
     assert heaviest(ROWS, {path.split("/")[-1] for path, _ in ROWS}) == []
     assert heaviest([("a", 0.0), ("b", 0.0)], set()) == []
+
+
+def test_a_layer_holding_one_left_out_is_left_out_at_any_depth():
+    leaf = keras.layers.Dropout(0.1, name="drop")
+    block = keras.Sequential([keras.layers.Dense(4, name="dense"), leaf], name="block")
+    inputs = keras.Input((4,))
+    outer = keras.Model(inputs, block(inputs), name="outer")
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.Dense(2, name="head")(outer(inputs)))
+    assert containing(model, {"drop"}) == {"block": "Dropout", "outer": "Dropout"}
+    assert containing(model, {"head"}) == {}
 
 
 def test_only_jax_refusing_a_traced_value_leaves_a_layer_out():

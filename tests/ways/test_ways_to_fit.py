@@ -272,6 +272,33 @@ def test_on_jax_a_layer_around_one_that_raised_is_left_out_too():
         in remat["notes"]
 
 
+@pytest.mark.skipif(BACKEND != "jax", reason="JAX traces a recomputed call's arguments")
+def test_on_jax_a_model_holding_a_layer_that_raised_is_left_out_too():
+    """A functional backbone inside the model (keras-hub's shape): its
+    frames are not in the error's traceback, yet recomputing it runs the
+    refusing layer again, so it is left out by what it holds."""
+
+    class Flip(keras.layers.Layer):
+        def call(self, x, reverse=False):
+            return -x if reverse else x
+
+    inner_inputs = keras.Input((8,))
+    backbone = keras.Model(inner_inputs, Flip(name="flip")(
+        keras.layers.Dense(4, name="inner")(inner_inputs), reverse=False),
+        name="backbone")
+    inputs = keras.Input((8,))
+    model = keras.Model(inputs, keras.layers.Dense(4, name="head")(backbone(inputs)))
+    model.compile(optimizer="adam", loss="mse")
+    table = ways_to_fit(model, np.ones((4, 8), "float32"), np.zeros((4, 4), "float32"),
+                        levers=["remat"], combinations=False, verbose=0)
+    remat = row(table, "remat")
+    assert remat["how"] == "plan", remat["how"]
+    named = ast.literal_eval(re.search(r"layer_names=(\[.*?\])", remat["change"]).group(1))
+    assert sorted(named) == ["head", "inner"]
+    assert "backbone (its recomputed call raised TracerBoolConversionError in Flip)" \
+        in remat["notes"]
+
+
 @pytest.mark.parametrize("arguments, error, words", [
     ({"batch_size": 0}, ValueError, "batch_size"),
     ({"batch_size": 2.5}, TypeError, "batch_size"),
