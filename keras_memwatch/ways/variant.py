@@ -209,6 +209,39 @@ def shortened(data: Batches, length: int) -> Batches:
 
 
 @contextlib.contextmanager
+def _restored(model: Any) -> Iterator[None]:
+    """The user's `model` as it was after the block: its layers' remat
+    modes, optimizer and train function. On JAX its train step is a
+    function of its own for the block: JAX reuses a traced step for an
+    equal function (the same model's bound `train_step`) given arguments of
+    the same shapes, and a variant (recomputation, an optimizer with as
+    many slots) can change the step and keep both."""
+    import keras
+
+    layers = list(model._flatten_layers(include_self=True, recursive=True))
+    modes = [getattr(layer, "_remat_mode", None) for layer in layers]
+    function, optimizer = getattr(model, "train_function", None), model.optimizer
+    own = vars(model).get("train_step")
+    if keras.backend.backend() == "jax":
+        bound = model.train_step
+
+        def train_step(*args: Any, **kwargs: Any) -> Any:
+            return bound(*args, **kwargs)
+
+        model.train_step = train_step
+    try:
+        yield
+    finally:
+        for layer, mode in zip(layers, modes):
+            layer._remat_mode = mode
+        model.optimizer, model.train_function = optimizer, function
+        if own is not None:
+            model.train_step = own
+        elif "train_step" in vars(model):
+            del model.train_step
+
+
+@contextlib.contextmanager
 def realized(model: Any, data: Batches, batch_size: int,
              setting: Setting) -> Iterator[Variant]:
     """The model and batch of `setting`, for the block.
@@ -225,33 +258,26 @@ def realized(model: Any, data: Batches, batch_size: int,
     import gc
 
     target = rebuilt(model, setting.policy) if setting.policy else model
-    saved_function = getattr(target, "train_function", None)
     saved_optimizer = target.optimizer
-    layers = list(target._flatten_layers(include_self=True, recursive=True))
-    saved_modes = [getattr(layer, "_remat_mode", None) for layer in layers]
     try:
-        if setting.optimizer or setting.accumulation > 1:
-            target.optimizer = new_optimizer(saved_optimizer, setting.optimizer,
-                                             setting.accumulation)
-            target.optimizer.build(target.trainable_variables)
-        if setting.remat is not None:
-            mode = remat_mode(setting.remat)
-            for layer in layers:
-                layer._remat_mode = mode
-        if target is model:
+        with _restored(model) if target is model else contextlib.nullcontext():
+            if setting.optimizer or setting.accumulation > 1:
+                target.optimizer = new_optimizer(saved_optimizer, setting.optimizer,
+                                                 setting.accumulation)
+                target.optimizer.build(target.trainable_variables)
+            if setting.remat is not None:
+                mode = remat_mode(setting.remat)
+                for layer in target._flatten_layers(include_self=True, recursive=True):
+                    layer._remat_mode = mode
             target.train_function = None
-        shown = shortened(data, setting.sequence) if setting.sequence else data
-        held = held_bytes(state_variables(model, saved_optimizer if target is model
-                                          else model.optimizer),
-                          state_variables(target, target.optimizer))
-        if target is not model:
-            held += gradient_bytes(model)
-        yield Variant(target, shown, max(1, batch_size // setting.accumulation), held)
+            shown = shortened(data, setting.sequence) if setting.sequence else data
+            users = saved_optimizer if target is model else model.optimizer
+            held = held_bytes(state_variables(model, users),
+                              state_variables(target, target.optimizer))
+            if target is not model:
+                held += gradient_bytes(model)
+            yield Variant(target, shown, max(1, batch_size // setting.accumulation),
+                          held)
     finally:
-        if target is model:
-            for layer, mode in zip(layers, saved_modes):
-                layer._remat_mode = mode
-            target.optimizer = saved_optimizer
-            target.train_function = saved_function
         del target
         gc.collect()
