@@ -12,7 +12,8 @@
 # by-layer runs where both ran.
 set -uo pipefail
 out=${OUT:-out/gpu}
-mkdir -p "$out"
+cache=${CACHE:-out/cache}  # JAX's compilation caches: kept between calls, not sent back
+mkdir -p "$out" "$cache"
 export TF_CPP_MIN_LOG_LEVEL=3
 run() { local seconds=$1 name=$2; shift 2
   timeout "$seconds" "$@" > "$out/$name.txt" 2>&1
@@ -42,16 +43,16 @@ ways_torch() { run 300 ways-torch env KERAS_BACKEND=torch python3 -m benchmarks.
 jax_levers=mixed_precision,sgd_momentum,shorter_sequence,remat,remat_layers
 ways_jax() { run 580 ways-jax env KERAS_BACKEND=jax python3 -m benchmarks.gpu.ways_check gpt2 \
   --limit-mb 8192 --batch 48 --levers $jax_levers --no-combinations --verify --parallel 3 \
-  --max-seconds 300 --compilation-cache "$out/jax-cache"; }
+  --max-seconds 300 --compilation-cache "$cache/jax-cache"; }
 ways_jax_warm() { run 200 ways-jax-warm env KERAS_BACKEND=jax python3 -m benchmarks.gpu.ways_check \
   gpt2 --limit-mb 8192 --batch 48 --levers $jax_levers --no-combinations \
-  --compilation-cache "$out/jax-cache"; }
+  --compilation-cache "$cache/jax-cache"; }
 ways_resconv_torch() { run 400 ways-resconv-torch env KERAS_BACKEND=torch python3 -m \
   benchmarks.gpu.ways_check resconv --limit-mb 6144 --batch 512 --no-combinations --verify \
   --parallel 2; }
 ways_resconv_jax() { run 450 ways-resconv-jax env KERAS_BACKEND=jax python3 -m \
   benchmarks.gpu.ways_check resconv --limit-mb 6144 --batch 512 --no-combinations --verify \
-  --parallel 2 --max-seconds 240 --compilation-cache "$out/jax-cache-resconv"; }
+  --parallel 2 --max-seconds 240 --compilation-cache "$cache/jax-cache-resconv"; }
 compare_layers() {
   if [ -s "$out/torch.json" ] && [ -s "$out/jax.json" ]; then
     python3 -m benchmarks.gpu.by_layer_lm --compare "$out/torch.json" "$out/jax.json" \
