@@ -210,9 +210,9 @@ def shortened(data: Batches, length: int) -> Batches:
 
 @contextlib.contextmanager
 def _restored(model: Any) -> Iterator[None]:
-    """The user's `model` as it was after the block: its layers' remat
+    """Puts the user's `model` back after the block: its layers' remat
     modes, optimizer and train function. On JAX its train step is a
-    function of its own for the block: JAX reuses a traced step for an
+    function of its own for the block, since JAX reuses a traced step for an
     equal function (the same model's bound `train_step`) given arguments of
     the same shapes, and a variant (recomputation, an optimizer with as
     many slots) can change the step and keep both."""
