@@ -30,6 +30,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any, Optional
 
@@ -130,27 +131,38 @@ def _rounds(est: Any) -> list[str]:
 
 
 def _child(part: str, args: list[str], timeout: float) -> Optional[dict[str, Any]]:
+    """Runs one part in a new process, printing its rounds as they end (a
+    run cut off still shows where its time went); its JSON line, or `None`."""
     args = [*args, "--part", part]
     began = time.perf_counter()
-    try:
-        done = subprocess.run(
+    with tempfile.TemporaryFile("w+") as errors:
+        child = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.gpu.capacity_speed", *args],
-            capture_output=True, text=True, timeout=timeout,
+            stdout=subprocess.PIPE, stderr=errors, text=True,
             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    except subprocess.TimeoutExpired:
-        print(f"child {part}: over {timeout:.0f} s", file=sys.stderr, flush=True)
-        return None
-    result = None
-    for line in done.stdout.splitlines():
-        if line.startswith("estimate_max_batch_size: round"):
-            print("   ", line, flush=True)
-        elif line.startswith("{"):
-            result = json.loads(line)
-            print(f"  [{part}, {time.perf_counter() - began:.0f} s in all] {line}",
-                  flush=True)
-    if result is None:
-        print(f"child {part} failed ({done.returncode}): {done.stderr[-1500:]}",
-              file=sys.stderr, flush=True)
+        timer = threading.Timer(timeout, child.kill)
+        timer.start()
+        result = None
+        try:
+            for line in child.stdout:
+                if line.startswith("estimate_max_batch_size: round"):
+                    print(f"    [{time.perf_counter() - began:.0f} s] {line.rstrip()}",
+                          flush=True)
+                elif line.startswith("{"):
+                    result = json.loads(line)
+                    print(f"  [{part}, {time.perf_counter() - began:.0f} s in all] "
+                          f"{line.rstrip()}", flush=True)
+            child.wait()
+        finally:
+            timer.cancel()
+            if child.poll() is None:
+                child.kill()
+        if result is None:
+            errors.seek(0)
+            print(f"child {part} ended without an answer after "
+                  f"{time.perf_counter() - began:.0f} s (exit {child.returncode}; "
+                  f"over {timeout:.0f} s: killed): {errors.read()[-1500:]}",
+                  file=sys.stderr, flush=True)
     return result
 
 

@@ -11,9 +11,9 @@ One model a run (the cap is per process, set before the model is built):
 The table is measured with `--headroom` (default 0: the largest batch
 under the whole cap, what a job can reach). `--verify` then trains, for
 every measured row, its `largest_batch` and 3% above it as jobs in new
-processes side by side (`trial`: the model built afresh, the row's
-setting made with `keras_memwatch.ways.variant.realized`, `--steps` steps
-of `fit`), and prints whether each ran and its time a sample: an answer
+processes side by side (`trial`: a dtype policy set before the model is
+built, as the row's `change` says, the rest of the row's setting made
+with `keras_memwatch.ways.variant.realized`, `--steps` steps of `fit`), and prints whether each ran and its time a sample: an answer
 is right when its size runs and the size 3% above does not. On a CPU, a
 tiny model without a cap (`conv_tiny`, `gpt2_tiny`) is a smoke test.
 Models: `benchmarks.models`.
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import dataclasses
 import json
 import subprocess
 import sys
@@ -87,10 +88,18 @@ def trial(model_name: str, setting: dict[str, Any], size: int,
     from keras_memwatch.oom_errors import is_oom_error
     from keras_memwatch.ways.variant import Setting, realized
 
+    chosen = Setting.from_dict(setting)
+    if chosen.policy:
+        # as the row's change says: the policy set before the model is
+        # built, so that no float32 original stays beside it
+        import keras
+
+        keras.config.set_dtype_policy(chosen.policy)
+        chosen = dataclasses.replace(chosen, policy=None)
     model = build(model_name)
     x, y = data(model_name, min(size, 64))
     try:
-        with realized(model, Batches(x, y), size, Setting.from_dict(setting)) as v:
+        with realized(model, Batches(x, y), size, chosen) as v:
             batch = v.data.take(v.batch_size)
             fit_steps(v.model, batch, 1)
             began = time.perf_counter()
