@@ -292,7 +292,8 @@ def test_on_jax_a_backbone_holding_a_layer_that_raised_is_left_out_too():
     assert remat["how"] == "plan", remat["how"]
     named = re.search(r"layer_names=(\[.*?\])", remat["change"]).group(1)
     assert "opt_backbone" not in ast.literal_eval(named)
-    words = r"opt_backbone \(its recomputed call raised TracerBoolConversionError in \w+\)"
+    words = (r"opt_backbone \(its recomputed call raised "
+             r"TracerBoolConversionError in \w+\)")
     assert re.search(words, remat["notes"]), remat["notes"]
 
 
