@@ -5,6 +5,7 @@ object that knows whether it applies to a model, the `Setting` it makes
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Optional
 
 from keras_memwatch.measure.batches import Batches
@@ -32,7 +33,6 @@ class Situation:
             the by-layer table with its blocks expanded (`memory_by_layer`:
             what the layer keeps itself), or why none are known.
         left_out: layer name -> why the scope cannot recompute it here.
-        layer_names: every layer's name, once, outermost first.
         accumulation: the gradient accumulation steps to measure.
         settings: each measured row's setting, by its lever.
         rooms: each measured row's `(held_bytes, widened_bytes)`: the
@@ -47,10 +47,18 @@ class Situation:
     bf16_slow: bool = False
     layers_by_activation: Any = ()
     left_out: dict = dataclasses.field(default_factory=dict)
-    layer_names: list = dataclasses.field(default_factory=list)
     accumulation: int = 2
     settings: dict = dataclasses.field(default_factory=dict)
     rooms: dict = dataclasses.field(default_factory=dict)
+
+    @functools.cached_property
+    def layer_names(self) -> list[str]:
+        """Every layer's name, once, outermost first (the inputs left out)."""
+        import keras
+
+        return list(dict.fromkeys(
+            layer.name for layer in self.model._flatten_layers(include_self=False)
+            if not isinstance(layer, keras.layers.InputLayer)))
 
     @property
     def heavy_layers(self) -> Any:

@@ -238,9 +238,6 @@ def _measure_all(model: Any, data: Batches, b: int, names: list[str],
             else _layers_by_activation(model, data, b))
     if "remat" in names or "remat_layers" in names:
         situation.left_out = not_recomputable(model, keras.backend.backend())
-        situation.layer_names = list(dict.fromkeys(
-            layer.name for layer in model._flatten_layers(include_self=False)
-            if not isinstance(layer, keras.layers.InputLayer)))
     rows, saved = [], []
     situation.settings = {T.AS_IS: Setting()}
     situation.rooms = {T.AS_IS: (as_is.held_bytes, as_is.widened_bytes)}
