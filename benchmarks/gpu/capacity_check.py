@@ -22,11 +22,11 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
-import os
-import subprocess
 import sys
 import time
 from typing import Any, Optional
+
+from benchmarks.gpu.children import json_child
 
 MIB = 2**20
 ABOVE = (0.03,)  # above the ceiling, jobs try +1 and these
@@ -95,15 +95,10 @@ def trial(name: str, size: int, limit_mb: float, steps: int,
 
 
 def _child(args: list[str]) -> Optional[dict[str, Any]]:
-    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu.capacity_check", *args],
-                          capture_output=True, text=True, timeout=900,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    for line in reversed(done.stdout.splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    print(f"child {args} failed ({done.returncode}): {done.stderr[-1500:]}",
-          file=sys.stderr, flush=True)
-    return None
+    """One piece in a new process; an estimate's rounds shown as they end."""
+    return json_child("benchmarks.gpu.capacity_check", args, 900,
+                      label=" ".join(args[:3]),
+                      shown=lambda line: line.startswith("estimate_max_batch_size:"))
 
 
 def verify(names: list[str], limit_mb: float, headroom: float, steps: int,

@@ -25,14 +25,15 @@ AdamW). `--skip-uncached-fit` leaves out the longest part.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from typing import Any, Optional
+
+from benchmarks.gpu.children import json_child
 
 
 def _setup(limit_mb: float, cache: Optional[str]) -> None:
@@ -56,7 +57,8 @@ def cold(name: str, limit_mb: float, cache: str, headroom: float,
     began = time.perf_counter()
     est = estimate_max_batch_size(model, x, y, headroom=headroom,
                                   compilation_cache=cache, max_seconds=max_seconds,
-                                  verbose=2, method=method)
+                                  verbose=2, method=method,
+                                  progress=functools.partial(print, flush=True))
     return _answers(est, time.perf_counter() - began)
 
 
@@ -131,38 +133,14 @@ def _rounds(est: Any) -> list[str]:
 
 
 def _child(part: str, args: list[str], timeout: float) -> Optional[dict[str, Any]]:
-    """Runs one part in a new process, printing its rounds as they end (a
-    run cut off still shows where its time went); its JSON line, or `None`."""
-    args = [*args, "--part", part]
+    """One part in a new process, its rounds shown as they end; its JSON."""
     began = time.perf_counter()
-    with tempfile.TemporaryFile("w+") as errors:
-        child = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.gpu.capacity_speed", *args],
-            stdout=subprocess.PIPE, stderr=errors, text=True,
-            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-        timer = threading.Timer(timeout, child.kill)
-        timer.start()
-        result = None
-        try:
-            for line in child.stdout:
-                if line.startswith("estimate_max_batch_size: round"):
-                    print(f"    [{time.perf_counter() - began:.0f} s] {line.rstrip()}",
-                          flush=True)
-                elif line.startswith("{"):
-                    result = json.loads(line)
-                    print(f"  [{part}, {time.perf_counter() - began:.0f} s in all] "
-                          f"{line.rstrip()}", flush=True)
-            child.wait()
-        finally:
-            timer.cancel()
-            if child.poll() is None:
-                child.kill()
-        if result is None:
-            errors.seek(0)
-            print(f"child {part} ended without an answer after "
-                  f"{time.perf_counter() - began:.0f} s (exit {child.returncode}; "
-                  f"over {timeout:.0f} s: killed): {errors.read()[-1500:]}",
-                  file=sys.stderr, flush=True)
+    result = json_child("benchmarks.gpu.capacity_speed", [*args, "--part", part],
+                        timeout, label=part,
+                        shown=lambda line: line.startswith("estimate_max_batch_size:"))
+    if result is not None:
+        print(f"  [{part}, {time.perf_counter() - began:.0f} s in all] "
+              f"{json.dumps(result)}", flush=True)
     return result
 
 

@@ -22,7 +22,7 @@ run() { local seconds=$1 name=$2; shift 2
     grep -v "hlo_rematerialization\|^[WI][0-9]\|Warning\|warn(" "$out/$name.txt" | tail -n 24
   } | cat; }
 
-gpt2_speed() { run 400 gpt2-speed env KERAS_BACKEND=jax python3 -m benchmarks.gpu.capacity_speed \
+gpt2_speed() { run 590 gpt2-speed env KERAS_BACKEND=jax python3 -m benchmarks.gpu.capacity_speed \
   gpt2 --limit-mb 8192; }
 bert_speed() { run 450 bert-speed env KERAS_BACKEND=jax python3 -m benchmarks.gpu.capacity_speed \
   bert --limit-mb 8192 --skip-uncached-fit; }

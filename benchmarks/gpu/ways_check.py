@@ -25,10 +25,11 @@ import argparse
 import concurrent.futures
 import dataclasses
 import json
-import subprocess
 import sys
 import time
 from typing import Any, Optional
+
+from benchmarks.gpu.children import json_child
 
 ABOVE = 0.03
 
@@ -113,12 +114,8 @@ def trial(model_name: str, setting: dict[str, Any], size: int,
 
 
 def _child(args: list[str]) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu.ways_check", *args],
-                          capture_output=True, text=True, timeout=900)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if not lines:
-        return {"ran": None, "error": f"exit {done.returncode}: {done.stderr[-400:]}"}
-    return json.loads(lines[-1])
+    result = json_child("benchmarks.gpu.ways_check", args, 900, label=" ".join(args[:4]))
+    return result if result is not None else {"ran": None}
 
 
 def verify(record: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
