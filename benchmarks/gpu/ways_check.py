@@ -79,13 +79,18 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 def trial(model_name: str, setting: dict[str, Any], size: int,
           limit_mb: Optional[float], steps: int) -> dict[str, Any]:
     """A job of `size` (the effective batch) with `setting`, in this new
-    process: whether it ran, and its time a sample."""
+    process: whether it ran, its time a sample, and the device's peak (the
+    variant alone: what the table's need, measured beside the user's
+    model, stands for)."""
     if limit_mb:
         from keras_memwatch import configure_memory
 
         configure_memory(memory_limit_mb=limit_mb)
+    import keras
+
     from benchmarks.models import build, data
     from keras_memwatch.measure.batches import Batches, fit_steps
+    from keras_memwatch.measure.device import Device
     from keras_memwatch.oom_errors import is_oom_error
     from keras_memwatch.ways.variant import Setting, realized
 
@@ -93,10 +98,9 @@ def trial(model_name: str, setting: dict[str, Any], size: int,
     if chosen.policy:
         # as the row's change says: the policy set before the model is
         # built, so that no float32 original stays beside it
-        import keras
-
         keras.config.set_dtype_policy(chosen.policy)
         chosen = dataclasses.replace(chosen, policy=None)
+    device = Device(keras.backend.backend(), None)  # its peak, from here
     model = build(model_name)
     x, y = data(model_name, min(size, 64))
     try:
@@ -110,7 +114,7 @@ def trial(model_name: str, setting: dict[str, Any], size: int,
         if not is_oom_error(e):
             raise
         return {"ran": False}
-    return {"ran": True, "seconds_per_sample": per_sample}
+    return {"ran": True, "seconds_per_sample": per_sample, "peak_bytes": device.peak()}
 
 
 def _child(args: list[str]) -> dict[str, Any]:
@@ -120,6 +124,8 @@ def _child(args: list[str]) -> dict[str, Any]:
 
 def verify(record: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
     """Each measured row's largest batch and 3% above it, as jobs."""
+    from keras_memwatch.units import format_bytes
+
     jobs = []
     for row in record["table"]:
         setting = record["settings"].get(row["lever"])
@@ -145,6 +151,8 @@ def verify(record: dict[str, Any], args: argparse.Namespace) -> list[dict[str, A
                    "more than 3% low" if above["ran"] else "no result")
         time_text = (f", {at['seconds_per_sample'] * 1e3:.3f} ms a sample"
                      if at.get("seconds_per_sample") else "")
+        if at.get("peak_bytes"):
+            time_text += f", peak {format_bytes(at['peak_bytes'])} alone"
         print(f"  {lever}: batch {at['size']} ran={at['ran']}, batch {above['size']} "
               f"ran={above['ran']}: {verdict}{time_text}"
               + (f" ({at.get('error') or above.get('error')})"
