@@ -103,13 +103,16 @@ class Search:
         known: observations of this step made before (`stored_record`):
             the search starts from them, with no ladder where they draw the
             line, and asks only what they leave open. Defaults to `()`.
+        in_use: the bytes in use that the record is read against. Defaults
+            to `None`: the strategy's `in_use`.
     """
 
     def __init__(self, strategy: Strategy, on_gpu: bool,
                  host_largest: Optional[int], *, deadline: Optional[Deadline] = None,
                  progress: Optional[Progress] = None,
-                 known: Sequence[Observation] = ()):
+                 known: Sequence[Observation] = (), in_use: Optional[int] = None):
         self.strategy = strategy
+        self.in_use = strategy.in_use if in_use is None else in_use
         self.on_gpu = on_gpu
         self.host_largest = host_largest
         self.deadline = deadline if deadline is not None else Deadline(None)
@@ -127,8 +130,7 @@ class Search:
 
     @property
     def evidence(self) -> Evidence:
-        return Evidence(tuple(self.observations), self.strategy.limit,
-                        self.strategy.in_use)
+        return Evidence(tuple(self.observations), self.strategy.limit, self.in_use)
 
     def run(self, headroom: float, sizes: Optional[Sequence[int]]) -> Evidence:
         """The ladder (or `sizes`), then the checks; the record."""

@@ -237,9 +237,13 @@ def _by_plans(strategy: Any, variant: Variant, sizes: list[int], headroom: float
               else stored_record.Stored([]))
     observations, seconds = _planned(strategy, variant.model, variant.data, sizes,
                                      variant.batch_size, stored.observations)
-    search = Search(strategy, on_gpu, None, deadline=deadline, known=observations)
+    # the room of the variant alone: the user's state held beside it left out
+    search = Search(strategy, on_gpu, None, deadline=deadline, known=observations,
+                    in_use=strategy.in_use - variant.held_bytes)
     if on_gpu and strategy.limit is not None:
-        observations = _bracketed(search, headroom, variant.held_bytes)
+        # aims and checks until the record brackets the largest batch under
+        # `headroom` and under the whole limit
+        observations = list(search.run(headroom, None).observations)
     if key is not None and len(observations) > len(stored.observations):
         stored_record.save(cache_directory, key, observations, stored.stopped)
     return observations, seconds, search
@@ -287,20 +291,6 @@ def _planned(strategy: Any, model: Any, data: Any, sizes: list[int],
                                           and o.batch_size in sizes],
                      strategy.limit, strategy.in_use)
     return observations, seconds
-
-
-def _bracketed(search: Search, headroom: float, held_bytes: int
-               ) -> list[Observation]:
-    """The search (from the plans at the wanted batch and half of it) aims
-    and checks until the record brackets the largest batch under `headroom`
-    and under the whole limit, in the room of the variant alone (the
-    user's state held beside it, `held_bytes`, left out)."""
-    strategy = search.strategy
-    strategy.in_use -= held_bytes
-    try:
-        return list(search.run(headroom, None).observations)
-    finally:
-        strategy.in_use += held_bytes
 
 
 def _timed(model: Any, data: Any, batch: int, plans: list[Observation],

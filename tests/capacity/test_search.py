@@ -65,6 +65,19 @@ def test_xla_plans_that_flatten_lift_the_ceiling_above_the_line():
     assert fake.asked[:4] == [("ladder", 1), ("ladder", 2), ("ladder", 4), ("ladder", 8)]
 
 
+def test_a_record_is_read_against_the_bytes_in_use_it_is_given():
+    """A variant's plans, measured beside the user's state, are read in the
+    room the variant alone would have (`ways.measure`)."""
+    def planned(b):
+        return 100 * MIB + 10 * MIB * b
+    held = 2 * GIB
+    fake = FakeStrategy(planned, how=PLAN, ladder_width=4, in_use=GIB + held)
+    ev = S.Search(fake, on_gpu=True, host_largest=None, in_use=GIB).run(0.1, None)
+    assert ev.in_use_bytes == GIB and fake.in_use == GIB + held
+    truth = largest(planned, 10 * GIB - GIB)
+    assert truth * (1 - S.RESOLUTION) <= ev.batch_size_for(0.0) <= truth
+
+
 def test_a_ladder_that_reaches_its_target_in_two_sizes_gets_the_sizes_between():
     fake = FakeStrategy(lambda b: 400 * MIB * b)
     S.Search(fake, on_gpu=True, host_largest=None).run(0.1, None)
