@@ -178,9 +178,9 @@ def remat_mode(arguments: tuple[tuple[str, Any], ...]) -> Any:
         return keras.layers.Identity()._remat_mode
 
 
-def _token_axes(data: Batches) -> Optional[int]:
-    """The sequence length of the token inputs (integer arrays of two or more
-    dimensions), or `None` where `x` holds none."""
+def token_length(data: Batches) -> Optional[int]:
+    """The sequence length of the token inputs (integer arrays of two or
+    more dimensions), or `None` where `x` holds none, or several."""
     import keras
     import numpy as np
 
@@ -189,17 +189,12 @@ def _token_axes(data: Batches) -> Optional[int]:
     return lengths.pop() if len(lengths) == 1 else None
 
 
-def token_length(data: Batches) -> Optional[int]:
-    """The token inputs' sequence length, or `None` (no, or several)."""
-    return _token_axes(data)
-
-
 def shortened(data: Batches, length: int) -> Batches:
     """`data` with every array whose second axis is the token length cut
     to its first `length` positions."""
     import keras
 
-    full = _token_axes(data)
+    full = token_length(data)
 
     def cut(a: Any) -> Any:
         return a[:, :length] if a.ndim >= 2 and a.shape[1] == full else a
