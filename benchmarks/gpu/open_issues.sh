@@ -37,11 +37,15 @@ layers_jax() { run 300 layers-jax env KERAS_BACKEND=jax XLA_PYTHON_CLIENT_PREALL
 ways_torch() { run 300 ways-torch env KERAS_BACKEND=torch python3 -m benchmarks.gpu.ways_check gpt2 \
   --limit-mb 8192 --batch 16 --levers mixed_precision,adafactor,sgd_momentum,gradient_accumulation \
   --no-combinations --verify --parallel 2; }
+# the room an optimizer variant meets beside the user's model: widened, or
+# with the held slots on the host
+ways_room() { run 200 ways-room env KERAS_BACKEND=torch python3 -m benchmarks.gpu.ways_room gpt2 \
+  --limit-mb 8192 --sizes 13,14,15; }
 # each JAX row is bracketed (a few minutes a row on GPT-2 base): rows within
 # the time budget, kept in one cache; then every row again from it, without
 # jobs (the warm time)
 jax_levers=mixed_precision,sgd_momentum,shorter_sequence,remat,remat_layers
-ways_jax() { run 580 ways-jax env KERAS_BACKEND=jax python3 -m benchmarks.gpu.ways_check gpt2 \
+ways_jax() { run 560 ways-jax env KERAS_BACKEND=jax python3 -m benchmarks.gpu.ways_check gpt2 \
   --limit-mb 8192 --batch 48 --levers $jax_levers --no-combinations --verify --parallel 3 \
   --max-seconds 300 --compilation-cache "$cache/jax-cache"; }
 ways_jax_warm() { run 200 ways-jax-warm env KERAS_BACKEND=jax python3 -m benchmarks.gpu.ways_check \
