@@ -44,8 +44,8 @@ ways_room() { run 200 ways-room env KERAS_BACKEND=torch python3 -m benchmarks.gp
 # each JAX row is bracketed (a few minutes a row on GPT-2 base): rows within
 # the time budget, kept in one cache; then every row again from it, without
 # jobs (the warm time)
-jax_levers=mixed_precision,sgd_momentum,shorter_sequence,remat,remat_layers
-ways_jax() { run 560 ways-jax env KERAS_BACKEND=jax python3 -m benchmarks.gpu.ways_check gpt2 \
+jax_levers=remat,remat_layers,mixed_precision,sgd_momentum,shorter_sequence
+ways_jax() { run 480 ways-jax env KERAS_BACKEND=jax python3 -m benchmarks.gpu.ways_check gpt2 \
   --limit-mb 8192 --batch 48 --levers $jax_levers --no-combinations --verify --parallel 3 \
   --max-seconds 300 --compilation-cache "$cache/jax-cache"; }
 ways_jax_warm() { run 200 ways-jax-warm env KERAS_BACKEND=jax python3 -m benchmarks.gpu.ways_check \
