@@ -27,7 +27,7 @@ gpt2_speed() { run 590 gpt2-speed env KERAS_BACKEND=jax python3 -m benchmarks.gp
 bert_speed() { run 450 bert-speed env KERAS_BACKEND=jax python3 -m benchmarks.gpu.capacity_speed \
   bert --limit-mb 8192 --skip-uncached-fit; }
 # written after the code: keras-hub OPT with Lion, its answers against jobs
-heldout_capacity() { run 360 heldout-capacity env KERAS_BACKEND=jax python3 -m \
+heldout_capacity() { run 380 heldout-capacity env KERAS_BACKEND=jax python3 -m \
   benchmarks.gpu.capacity_check verify opt@8192 --parallel 4 --json "$out/opt.json"; }
 layers_torch() { run 300 layers-torch env KERAS_BACKEND=torch python3 -m benchmarks.gpu.by_layer_lm \
   --json "$out/torch.json"; }
@@ -45,9 +45,9 @@ ways_room() { run 200 ways-room env KERAS_BACKEND=torch python3 -m benchmarks.gp
 # the time budget, kept in one cache; then every row again from it, without
 # jobs (the warm time)
 jax_levers=remat,remat_layers,mixed_precision,sgd_momentum,shorter_sequence
-ways_jax() { run 480 ways-jax env KERAS_BACKEND=jax python3 -m benchmarks.gpu.ways_check gpt2 \
+ways_jax() { run 400 ways-jax env KERAS_BACKEND=jax python3 -m benchmarks.gpu.ways_check gpt2 \
   --limit-mb 8192 --batch 48 --levers $jax_levers --no-combinations --verify --parallel 3 \
-  --max-seconds 300 --compilation-cache "$cache/jax-cache"; }
+  --max-seconds 240 --compilation-cache "$cache/jax-cache"; }
 ways_jax_warm() { run 200 ways-jax-warm env KERAS_BACKEND=jax python3 -m benchmarks.gpu.ways_check \
   gpt2 --limit-mb 8192 --batch 48 --levers $jax_levers --no-combinations \
   --compilation-cache "$cache/jax-cache"; }
