@@ -27,7 +27,7 @@ gpt2_speed() { run 590 gpt2-speed env KERAS_BACKEND=jax python3 -m benchmarks.gp
 bert_speed() { run 450 bert-speed env KERAS_BACKEND=jax python3 -m benchmarks.gpu.capacity_speed \
   bert --limit-mb 8192 --skip-uncached-fit; }
 # written after the code: keras-hub OPT with Lion, its answers against jobs
-heldout_capacity() { run 380 heldout-capacity env KERAS_BACKEND=jax python3 -m \
+heldout_capacity() { run 320 heldout-capacity env KERAS_BACKEND=jax python3 -m \
   benchmarks.gpu.capacity_check verify opt@8192 --parallel 4 --json "$out/opt.json"; }
 layers_torch() { run 300 layers-torch env KERAS_BACKEND=torch python3 -m benchmarks.gpu.by_layer_lm \
   --json "$out/torch.json"; }
