@@ -6,7 +6,8 @@
 #                                                 # first step (alone: it times
 #                                                 # compilations); the held-out OPT
 #   bash benchmarks/gpu/open_issues.sh layers     # 46: by-layer on decoders
-#   bash benchmarks/gpu/open_issues.sh together bert_speed ways_torch ways_jax
+#   bash benchmarks/gpu/open_issues.sh together ways_room heldout_capacity
+#   bash benchmarks/gpu/open_issues.sh together ways_jax
 #   bash benchmarks/gpu/open_issues.sh together ways_jax_warm ways_resconv_torch ways_resconv_jax
 # `together` runs the named jobs side by side, then compares the two
 # by-layer runs where both ran.
@@ -27,7 +28,7 @@ gpt2_speed() { run 590 gpt2-speed env KERAS_BACKEND=jax python3 -m benchmarks.gp
 bert_speed() { run 450 bert-speed env KERAS_BACKEND=jax python3 -m benchmarks.gpu.capacity_speed \
   bert --limit-mb 8192 --skip-uncached-fit; }
 # written after the code: keras-hub OPT with Lion, its answers against jobs
-heldout_capacity() { run 320 heldout-capacity env KERAS_BACKEND=jax python3 -m \
+heldout_capacity() { run 360 heldout-capacity env KERAS_BACKEND=jax python3 -m \
   benchmarks.gpu.capacity_check verify opt@8192 --parallel 4 --json "$out/opt.json"; }
 layers_torch() { run 300 layers-torch env KERAS_BACKEND=torch python3 -m benchmarks.gpu.by_layer_lm \
   --json "$out/torch.json"; }
@@ -45,9 +46,9 @@ ways_room() { run 200 ways-room env KERAS_BACKEND=torch python3 -m benchmarks.gp
 # the time budget, kept in one cache; then every row again from it, without
 # jobs (the warm time)
 jax_levers=remat,remat_layers,mixed_precision,sgd_momentum,shorter_sequence
-ways_jax() { run 400 ways-jax env KERAS_BACKEND=jax python3 -m benchmarks.gpu.ways_check gpt2 \
+ways_jax() { run 560 ways-jax env KERAS_BACKEND=jax python3 -m benchmarks.gpu.ways_check gpt2 \
   --limit-mb 8192 --batch 48 --levers $jax_levers --no-combinations --verify --parallel 3 \
-  --max-seconds 240 --compilation-cache "$cache/jax-cache"; }
+  --max-seconds 300 --compilation-cache "$cache/jax-cache"; }
 ways_jax_warm() { run 200 ways-jax-warm env KERAS_BACKEND=jax python3 -m benchmarks.gpu.ways_check \
   gpt2 --limit-mb 8192 --batch 48 --levers $jax_levers --no-combinations \
   --compilation-cache "$cache/jax-cache"; }
