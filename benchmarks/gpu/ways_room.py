@@ -11,8 +11,14 @@ bytes at each stage and tries sizes with real steps three ways:
 2. `offloaded`: the held slots moved to host memory, the cap as it was;
 3. a new process (`ways_check trial`) gives the variant alone.
 
+At each stage it also counts the bytes of the live tensors (each storage
+once) on the model's device, so that a tensor kept alive by mistake shows
+as bytes the variables do not account for. On the CPU (no cap, so every
+size runs) that count is the whole check:
+
     KERAS_BACKEND=torch python3 -m benchmarks.gpu.ways_room gpt2 --limit-mb 8192 \\
         --sizes 13,14,15
+    KERAS_BACKEND=torch python3 -m benchmarks.gpu.ways_room gpt2_cpu --limit-mb 0 --sizes 8
 """
 
 from __future__ import annotations
@@ -22,13 +28,33 @@ import gc
 import json
 from typing import Any
 
-GIB = 2**30
+from keras_memwatch.units import format_bytes
 
 
-def _state(torch: Any, words: str) -> None:
-    torch.cuda.synchronize()
-    print(f"  {words}: allocated {torch.cuda.memory_allocated() / GIB:.3f} GiB, "
-          f"reserved {torch.cuda.memory_reserved() / GIB:.3f} GiB", flush=True)
+def _live_bytes(torch: Any, device: Any) -> int:
+    """Bytes of the live tensors on `device`, each storage once."""
+    seen, total = set(), 0
+    for o in gc.get_objects():
+        if type(o) in (torch.Tensor, torch.nn.Parameter) and o.device == device:
+            storage = o.untyped_storage()
+            if storage.data_ptr() and storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+    return total
+
+
+def _state(torch: Any, device: Any, words: str, model: Any) -> None:
+    gc.collect()
+    line = f"  {words}: live tensors {format_bytes(_live_bytes(torch, device))}"
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        line += (f", allocated {format_bytes(torch.cuda.memory_allocated())}, "
+                 f"reserved {format_bytes(torch.cuda.memory_reserved())}")
+    weights = sum(v.value.numel() * v.value.element_size() for v in model.variables)
+    slots = sum(v.value.numel() * v.value.element_size()
+                for v in model.optimizer.variables)
+    print(f"{line} (the model's variables {format_bytes(weights)}, its optimizer's "
+          f"{format_bytes(slots)})", flush=True)
 
 
 def _tries(model: Any, x: Any, y: Any, sizes: list[int], torch: Any) -> dict[int, bool]:
@@ -46,7 +72,8 @@ def _tries(model: Any, x: Any, y: Any, sizes: list[int], torch: Any) -> dict[int
                 raise
             ran[b] = False
         gc.collect()
-        torch.cuda.empty_cache()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     return ran
 
 
@@ -57,9 +84,10 @@ def main() -> int:
     parser.add_argument("--sizes", default="13,14,15")
     parser.add_argument("--setting", default='{"optimizer": "sgd"}')
     args = parser.parse_args()
-    from keras_memwatch import configure_memory
+    if args.limit_mb:
+        from keras_memwatch import configure_memory
 
-    configure_memory(memory_limit_mb=args.limit_mb)
+        configure_memory(memory_limit_mb=args.limit_mb)
     import torch
 
     from benchmarks.models import build, data
@@ -71,31 +99,30 @@ def main() -> int:
     model = build(args.model)
     x, y = data(args.model, max(sizes))
     fit_steps(model, Batches(x, y).take(1), 1)
-    gc.collect()
-    torch.cuda.empty_cache()
-    _state(torch, "the user's model after a step")
+    device = model.trainable_variables[0].value.device
+    _state(torch, device, "the user's model after a step", model)
     result: dict[str, Any] = {}
     setting = Setting.from_dict(json.loads(args.setting))
     before = room.state_variables(model, model.optimizer)  # the user's state
     with realized(model, Batches(x, y), max(sizes), setting) as v:
-        _state(torch, f"variant built ({v.held_bytes / GIB:.3f} GiB held)")
+        _state(torch, device, f"variant built ({format_bytes(v.held_bytes)} held)",
+               v.model)
         with room.widened("torch", None, v.held_bytes) as widened:
-            print(f"  cap widened by {widened / GIB:.3f} GiB", flush=True)
+            print(f"  cap widened by {format_bytes(widened)}", flush=True)
             result["widened"] = _tries(v.model, x, y, sizes, torch)
-            _state(torch, "after the widened tries")
-        variant_state = {id(u) for u in room.state_variables(v.model, v.model.optimizer)}
-        held = [var for var in before if id(var) not in variant_state]
-        moved = []
-        for var in held:
-            tensor = var.value
-            moved.append((tensor, tensor.device))
-            tensor.data = tensor.data.to("cpu")
-        gc.collect()
-        torch.cuda.empty_cache()
-        _state(torch, f"{len(moved)} held variables moved to the host")
-        result["offloaded"] = _tries(v.model, x, y, sizes, torch)
-        for tensor, device in moved:
-            tensor.data = tensor.data.to(device)
+            _state(torch, device, "after the tries, held slots on the device", v.model)
+        if device.type == "cuda":
+            variant_state = {id(u) for u in room.state_variables(v.model,
+                                                                   v.model.optimizer)}
+            moved = [var.value for var in before if id(var) not in variant_state]
+            for tensor in moved:
+                tensor.data = tensor.data.to("cpu")
+            torch.cuda.empty_cache()
+            _state(torch, device, f"{len(moved)} held variables moved to the host",
+                   v.model)
+            result["offloaded"] = _tries(v.model, x, y, sizes, torch)
+            for tensor in moved:
+                tensor.data = tensor.data.to(device)
     print(json.dumps(result), flush=True)
     return 0
 
