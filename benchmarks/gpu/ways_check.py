@@ -118,6 +118,7 @@ def trial(model_name: str, setting: dict[str, Any], size: int,
 
 
 def _child(args: list[str]) -> dict[str, Any]:
+    """A job in a new process (a failed one says why on stderr)."""
     result = json_child("benchmarks.gpu.ways_check", args, 900, label=" ".join(args[:4]))
     return result if result is not None else {"ran": None}
 
@@ -154,9 +155,7 @@ def verify(record: dict[str, Any], args: argparse.Namespace) -> list[dict[str, A
         if at.get("peak_bytes"):
             time_text += f", peak {format_bytes(at['peak_bytes'])} alone"
         print(f"  {lever}: batch {at['size']} ran={at['ran']}, batch {above['size']} "
-              f"ran={above['ran']}: {verdict}{time_text}"
-              + (f" ({at.get('error') or above.get('error')})"
-                 if at.get("error") or above.get("error") else ""))
+              f"ran={above['ran']}: {verdict}{time_text}")
     return results
 
 
