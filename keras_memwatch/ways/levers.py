@@ -176,9 +176,13 @@ class LeanOptimizer(Lever):
     def setting(self, s: Situation) -> Setting:
         return Setting(optimizer=self.kind)
 
-    def change(self, s: Situation) -> str:
-        made = ("keras.optimizers.Adafactor()" if self.kind == "adafactor"
-                else "keras.optimizers.SGD(momentum=0.9)")
+    def change(self, s: Situation, accumulation: int = 1) -> str:
+        """The compile call; with `accumulation` > 1, the new optimizer
+        accumulates that many steps' gradients."""
+        steps = (f"gradient_accumulation_steps={accumulation}"
+                 if accumulation > 1 else "")
+        made = (f"keras.optimizers.Adafactor({steps})" if self.kind == "adafactor"
+                else f"keras.optimizers.SGD(momentum=0.9{', ' + steps if steps else ''})")
         return f"model.compile(optimizer={made}, ...)  # was {s.optimizer_name}"
 
     def note(self, s: Situation) -> str:
@@ -298,9 +302,12 @@ class GradientAccumulation(Lever):
         return Setting(accumulation=s.accumulation)
 
     def change(self, s: Situation) -> str:
-        k = s.accumulation
-        return (f"{s.optimizer_name}(..., gradient_accumulation_steps={k}); "
-                f"model.fit(..., batch_size={max(1, s.batch_size // k)})")
+        return (f"{s.optimizer_name}(..., gradient_accumulation_steps="
+                f"{s.accumulation}); {self.fit_change(s)}")
+
+    def fit_change(self, s: Situation) -> str:
+        """The `fit` call alone (where another lever's optimizer accumulates)."""
+        return f"model.fit(..., batch_size={max(1, s.batch_size // s.accumulation)})"
 
     def note(self, s: Situation) -> str:
         k = s.accumulation
@@ -334,6 +341,28 @@ class ShorterSequence(Lever):
     def note(self, s: Situation) -> str:
         return (f"the model sees {self.length(s)} tokens of context instead of "
                 f"{token_length(s.data)}; a step trains on half the tokens")
+
+
+def changes(group: list[Lever], s: Situation) -> str:
+    """The code to write for the levers of `group`, one after another; where
+    an optimizer lever joins gradient accumulation, the new optimizer is the
+    one that accumulates."""
+    lean = next((lever for lever in group if isinstance(lever, LeanOptimizer)), None)
+    accumulates = any(isinstance(lever, GradientAccumulation) for lever in group)
+    parts = []
+    for lever in group:
+        if lean is not None and accumulates and lever is lean:
+            parts.append(lean.change(s, s.accumulation))
+        elif lean is not None and isinstance(lever, GradientAccumulation):
+            parts.append(lever.fit_change(s))
+        else:
+            parts.append(lever.change(s))
+    return "; ".join(parts)
+
+
+def notes(group: list[Lever], s: Situation) -> str:
+    """The levers' notes, one after another."""
+    return "; ".join(lever.note(s) for lever in group)
 
 
 def all_levers() -> list[Lever]:

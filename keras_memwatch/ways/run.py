@@ -23,7 +23,7 @@ from keras_memwatch.units import format_bytes
 from keras_memwatch.variables import variable_bytes
 from keras_memwatch.ways import table as T
 from keras_memwatch.ways.levers import (LEVER_NAMES, Lever, Situation, all_levers,
-                                        combined)
+                                        changes, combined, notes)
 from keras_memwatch.ways.recompute import not_recomputable, refused_when_traced
 from keras_memwatch.ways.failure import called_layers, failure_words, raised_error
 from keras_memwatch.ways.measure import Measured, measure
@@ -297,25 +297,19 @@ def _group_row(group: list[Lever], s: Situation, model: Any, data: Batches, b: i
     name = " + ".join(lever.name for lever in group)
     late = measuring.out_of_time()
     if late:
-        return T.unmeasured_row(name, _changes(group, s), f"not measured: {late}",
-                                _notes(group, s))
+        return T.unmeasured_row(name, changes(group, s), f"not measured: {late}",
+                                notes(group, s))
     try:
         setting, m = _measured(group, s, model, data, b, measuring)
     except Exception as e:  # noqa: BLE001
-        return T.unmeasured_row(name, _changes(group, s), failure_words(e),
-                                _notes(group, s))
+        return T.unmeasured_row(name, changes(group, s), failure_words(e),
+                                notes(group, s))
     s.settings[name] = setting
     s.rooms[name] = (m.held_bytes, m.widened_bytes)
-    return T.measured_row(name, _changes(group, s), _notes(group, s), m, account,
+    return T.measured_row(name, changes(group, s), notes(group, s), m, account,
                           setting.accumulation)
 
 
-def _changes(group: list[Lever], s: Situation) -> str:
-    return "; ".join(lever.change(s) for lever in group)
-
-
-def _notes(group: list[Lever], s: Situation) -> str:
-    return "; ".join(lever.note(s) for lever in group)
 
 
 def _accumulation(model: Any, b: int, as_is: Measured, account: T.Account) -> int:
