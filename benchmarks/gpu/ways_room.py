@@ -4,12 +4,12 @@ one size low against jobs).
 
 One process: the user's model trains a step (as before `ways_to_fit`),
 then for the optimizer variant (`--setting`) it prints the allocator's
-bytes at each stage and tries sizes with real steps three ways:
+bytes at each stage and tries sizes with real steps two ways (the
+variant alone, in a new process, is `ways_check trial`'s):
 
 1. `widened`: as `ways_to_fit` measures, the user's replaced optimizer
    slots held on the card and the cap widened by their bytes;
-2. `offloaded`: the held slots moved to host memory, the cap as it was;
-3. a new process (`ways_check trial`) gives the variant alone.
+2. `offloaded`: the held slots moved to host memory, the cap as it was.
 
 At each stage it also counts the bytes of the live tensors (each storage
 once) on the model's device, so that a tensor kept alive by mistake shows
@@ -29,6 +29,7 @@ import json
 from typing import Any
 
 from keras_memwatch.units import format_bytes
+from keras_memwatch.variables import variable_bytes
 
 
 def _live_bytes(torch: Any, device: Any) -> int:
@@ -50,11 +51,9 @@ def _state(torch: Any, device: Any, words: str, model: Any) -> None:
         torch.cuda.synchronize()
         line += (f", allocated {format_bytes(torch.cuda.memory_allocated())}, "
                  f"reserved {format_bytes(torch.cuda.memory_reserved())}")
-    weights = sum(v.value.numel() * v.value.element_size() for v in model.variables)
-    slots = sum(v.value.numel() * v.value.element_size()
-                for v in model.optimizer.variables)
-    print(f"{line} (the model's variables {format_bytes(weights)}, its optimizer's "
-          f"{format_bytes(slots)})", flush=True)
+    print(f"{line} (the model's variables {format_bytes(variable_bytes(model.variables))}"
+          f", its optimizer's {format_bytes(variable_bytes(model.optimizer.variables))})",
+          flush=True)
 
 
 def _tries(model: Any, x: Any, y: Any, sizes: list[int], torch: Any) -> dict[int, bool]:

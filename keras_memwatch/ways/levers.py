@@ -179,11 +179,12 @@ class LeanOptimizer(Lever):
     def change(self, s: Situation, accumulation: int = 1) -> str:
         """The compile call; with `accumulation` > 1, the new optimizer
         accumulates that many steps' gradients."""
-        steps = (f"gradient_accumulation_steps={accumulation}"
-                 if accumulation > 1 else "")
-        made = (f"keras.optimizers.Adafactor({steps})" if self.kind == "adafactor"
-                else f"keras.optimizers.SGD(momentum=0.9{', ' + steps if steps else ''})")
-        return f"model.compile(optimizer={made}, ...)  # was {s.optimizer_name}"
+        name, arguments = (("Adafactor", []) if self.kind == "adafactor"
+                           else ("SGD", ["momentum=0.9"]))
+        if accumulation > 1:
+            arguments.append(f"gradient_accumulation_steps={accumulation}")
+        return (f"model.compile(optimizer=keras.optimizers.{name}("
+                f"{', '.join(arguments)}), ...)  # was {s.optimizer_name}")
 
     def note(self, s: Situation) -> str:
         if self.kind == "adafactor":
@@ -347,13 +348,13 @@ def changes(group: list[Lever], s: Situation) -> str:
     """The code to write for the levers of `group`, one after another; where
     an optimizer lever joins gradient accumulation, the new optimizer is the
     one that accumulates."""
-    lean = next((lever for lever in group if isinstance(lever, LeanOptimizer)), None)
-    accumulates = any(isinstance(lever, GradientAccumulation) for lever in group)
+    together = (any(isinstance(lever, LeanOptimizer) for lever in group)
+                and any(isinstance(lever, GradientAccumulation) for lever in group))
     parts = []
     for lever in group:
-        if lean is not None and accumulates and lever is lean:
-            parts.append(lean.change(s, s.accumulation))
-        elif lean is not None and isinstance(lever, GradientAccumulation):
+        if together and isinstance(lever, LeanOptimizer):
+            parts.append(lever.change(s, s.accumulation))
+        elif together and isinstance(lever, GradientAccumulation):
             parts.append(lever.fit_change(s))
         else:
             parts.append(lever.change(s))

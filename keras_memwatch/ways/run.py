@@ -310,8 +310,6 @@ def _group_row(group: list[Lever], s: Situation, model: Any, data: Batches, b: i
                           setting.accumulation)
 
 
-
-
 def _accumulation(model: Any, b: int, as_is: Measured, account: T.Account) -> int:
     """The fewest accumulation steps (a power of two) whose device batch the
     model as it is fits, with one more slot a weight for the sums; 2 where
