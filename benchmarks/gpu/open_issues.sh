@@ -9,6 +9,7 @@
 #   bash benchmarks/gpu/open_issues.sh together ways_room heldout_capacity
 #   bash benchmarks/gpu/open_issues.sh together ways_jax
 #   bash benchmarks/gpu/open_issues.sh together ways_jax_warm ways_resconv_torch ways_resconv_jax
+#   bash benchmarks/gpu/open_issues.sh together heldout_jobs accumulation_edge ways_resconv_torch
 # `together` runs the named jobs side by side, then compares the two
 # by-layer runs where both ran.
 set -uo pipefail
@@ -54,10 +55,21 @@ ways_jax_warm() { run 200 ways-jax-warm env KERAS_BACKEND=jax python3 -m benchma
   --compilation-cache "$cache/jax-cache"; }
 ways_resconv_torch() { run 400 ways-resconv-torch env KERAS_BACKEND=torch python3 -m \
   benchmarks.gpu.ways_check resconv --limit-mb 6144 --batch 512 --no-combinations --verify \
-  --parallel 2; }
+  --parallel 3 --levers ${resconv_levers:-all}; }
 ways_resconv_jax() { run 450 ways-resconv-jax env KERAS_BACKEND=jax python3 -m \
   benchmarks.gpu.ways_check resconv --limit-mb 6144 --batch 512 --no-combinations --verify \
   --parallel 2 --max-seconds 240 --compilation-cache "$cache/jax-cache-resconv"; }
+# written after the code: the held-out OPT's answers of the H100 run of
+# 2026-12-05 (11 under 10% headroom, ceiling 17), and 18 above it, as jobs
+heldout_jobs() { run 240 heldout-jobs bash -c 'for b in 11 17 18; do
+  KERAS_BACKEND=jax python3 -m benchmarks.gpu.capacity_check trial opt $b --limit-mb 8192 \
+  --steps 5 --epochs 1 & done; wait'; }
+# the residual convnet near its limit in fresh processes: as it is, and with
+# two steps of gradient accumulation at the same device batch (the peak of each)
+accumulation_edge() { run 240 accumulation-edge bash -c 'for b in 184 188 190; do
+  for s in "{}" "{\"accumulation\": 2}"; do n=$b; [ "$s" = "{}" ] || n=$((2 * b))
+  KERAS_BACKEND=torch python3 -m benchmarks.gpu.ways_check trial resconv --size $n \
+  --setting "$s" --limit-mb 6144 | tail -n 1 | sed "s/^/$s $n: /"; done; done'; }
 compare_layers() {
   if [ -s "$out/torch.json" ] && [ -s "$out/jax.json" ]; then
     python3 -m benchmarks.gpu.by_layer_lm --compare "$out/torch.json" "$out/jax.json" \

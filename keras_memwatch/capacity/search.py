@@ -137,6 +137,7 @@ class Search:
         self._headroom = headroom
         if sizes is not None:
             self._given(list(sizes))
+            self._reach_down()
         elif self.evidence.line is None:
             self._climb()
         if self.on_gpu and self.strategy.limit is not None and not self.out_of_time:
@@ -201,6 +202,21 @@ class Search:
                 self.stopped = (f"out of time (max_seconds) after batch "
                                 f"{sizes[i - 1]}; not measured: "
                                 + ", ".join(map(str, sizes[i:])))
+                return
+            self._ask("ladder", [b])
+
+    def _reach_down(self) -> None:
+        """Where fewer than two given sizes ran (a wanted batch far above
+        the limit), half the smallest size asked, until two ran and draw the
+        line or batch 1 was asked."""
+        while self.evidence.line is None:
+            asked = {o.batch_size for o in self.observations if o.ladder}
+            ran = [o.batch_size for o in self.observations if o.ladder and o.ran]
+            b = min(ran or asked, default=0) // 2
+            if b < 1 or b in asked:
+                return
+            if not self._in_time("ladder", [b]):
+                self.stopped = f"out of time (max_seconds) before batch {b}"
                 return
             self._ask("ladder", [b])
 

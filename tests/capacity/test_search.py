@@ -116,6 +116,19 @@ def test_given_sizes_are_the_ladder():
     assert fake.asked == [("ladder", 3), ("ladder", 9), ("ladder", 27)]
 
 
+def test_given_sizes_of_which_one_runs_are_halved_until_two_draw_the_line():
+    """`ways_to_fit` asks a quarter, half and all of the wanted batch;
+    where only the quarter runs, sizes below it draw the line, and the
+    checks still bracket the largest batch."""
+    need, reported = allocator(per_sample=40 * MIB)
+    fake = FakeStrategy(need, reported=reported)
+    ev = S.Search(fake, on_gpu=True, host_largest=None).run(0.0, [128, 256, 512])
+    truth = largest(need, ROOM)
+    assert 128 <= truth < 256
+    assert ("ladder", 64) in fake.asked
+    assert truth * (1 - S.RESOLUTION) <= ev.batch_size_for(0.0) <= truth
+
+
 @pytest.mark.parametrize("noise", [0.0, 0.05])
 def test_the_checks_stop_within_their_budget(noise):
     # a need that wanders, so that the answers keep moving
