@@ -253,12 +253,14 @@ def _by_steps(strategy: Any, variant: Variant, sizes: list[int], headroom: float
               deadline: Deadline, on_gpu: bool, host_largest: Optional[int]
               ) -> tuple[list[Observation], Optional[float], Search]:
     """Real steps at `sizes`, and on a GPU the search's checks near the
-    limit; the record, a sample's seconds at the largest size up to the
-    wanted batch that ran, and the search."""
+    limit; the record, a sample's seconds, and the search. The seconds are
+    read at the largest of `sizes` (or the sizes below them that drew the
+    line) that ran: every row asks the same ones, and a check near the
+    limit is slowed by the allocator freeing its cache and retrying."""
     search = Search(strategy, on_gpu, host_largest, deadline=deadline)
     observations = list(search.run(headroom, sizes).observations)
-    ran = [o for o in observations if o.ran and o.batch_size <= variant.batch_size
-           and o.seconds > 0]
+    ran = [o for o in observations if o.ladder and o.ran
+           and o.batch_size <= variant.batch_size and o.seconds > 0]
     top = max(ran, key=lambda o: o.batch_size, default=None)
     return observations, None if top is None else top.seconds / top.batch_size, search
 

@@ -6,6 +6,7 @@ alone would not hold it."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import keras
 import numpy as np
@@ -126,6 +127,21 @@ def on_fake_gpu(monkeypatch, cap_room, widens):
                         levers=["mixed_precision", "sgd_momentum"],
                         combinations=False)
     return model, gpu, table
+
+
+def test_step_times_compare_at_the_sizes_asked_for_the_wanted_batch(monkeypatch):
+    """Near the cap an allocator frees its cache and retries, so a step there
+    is slow by an amount of its own; each row's step time is read at the
+    largest size it was asked for the wanted batch, not at its edge."""
+    at_ease = FakeSteps._observe
+
+    def observe(self, b, ladder):
+        o = at_ease(self, b, ladder)
+        return o if ladder else dataclasses.replace(o, seconds=o.seconds * (2 + b % 5))
+
+    monkeypatch.setattr(FakeSteps, "_observe", observe)
+    _, _, frame = on_fake_gpu(monkeypatch, 14 * MIB, widens=True)
+    assert frame.set_index("lever").loc["sgd_momentum", "step_time_ratio"] == 1.0
 
 
 @pytest.mark.parametrize("widens", [True, False], ids=["cap widened", "cap fixed"])
