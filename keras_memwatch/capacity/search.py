@@ -28,7 +28,10 @@ does it run?"; this module decides which b to ask about:
    round of checks can ask every size each answer needs
    (`proposals.one_round`); every quick plan is read through the ratio
    of the two kinds where checks measured both (`calibration`), and where
-   the checks show the quick plans off, they aim again.
+   the checks show the quick plans off, they aim again. Where a check
+   fails at a size whose quick plan fit the room (the quick plans went on
+   recomputing where `fit`'s compilation gave up), the checks cut the gap
+   below it themselves.
 3. Every answer's bracket is closed to `RESOLUTION`: the gap between the
    largest size that fits the room of that headroom and the smallest
    that does not (under the whole limit: that failed) is cut, where its
@@ -57,9 +60,9 @@ from keras_memwatch.capacity.evidence import AIMED, PLAN, Evidence, Observation
 from keras_memwatch.capacity.ladder import (  # noqa: F401 (the ladder's, read here)
     HOST_BATCH, MAX_LADDER, SAFE, SLOW_S, START, TARGET, host_largest_batch, next_sizes)
 from keras_memwatch.capacity.progress import Progress
-from keras_memwatch.capacity.proposals import FAN, one_round, proposals
+from keras_memwatch.capacity.proposals import FAN, between, one_round, proposals
 
-MAX_CHECKS = 12
+MAX_CHECKS = 16
 MAX_AIMED = 24  # quick, aimed plans (JAX on a GPU): three rounds of eight
 #: How far below each answer the spare places of a round of checks reach.
 CHECKS_BELOW = 3
@@ -328,6 +331,11 @@ class Search:
             for h in reversed(targets):
                 if bracketed(real, h):
                     continue
+                others = sum(not bracketed(real, k) for k in targets if k != h)
+                untrusted = self._untrusted_gap(real, h, max(1, width - others))
+                if untrusted:
+                    asks += [b for b in untrusted if b not in exact]
+                    continue
                 needed = one_round(view, h, self.strategy.check_width)
                 if needed:  # the quick plans' bracket
                     asks += [b for b in needed if b not in exact]
@@ -384,7 +392,8 @@ class Search:
             then: list[int] = []
             share = max(1, width // len(targets))
             for h in reversed(targets):  # the ceiling's sizes above first
-                if near and len(known[h] or ()) in (1, 2):
+                if near and (len(known[h] or ()) in (1, 2)
+                             or self._untrusted_gap(self.evidence, h, 1)):
                     continue
                 needed, above = proposals(view(), h, share,
                                           fan=h == targets[-1] and width > 1,
@@ -401,6 +410,27 @@ class Search:
                 return self._unsettled(targets, view())
             self._ask(kind, asks)
             budget -= len(asks)
+
+    def _untrusted_gap(self, real: Evidence, headroom: float, parts: int
+                       ) -> list[int]:
+        """`parts` checks that cut the gap between the largest size seen to fit and
+        the smallest that failed, where the answer under `headroom` rests on
+        it and a plan as `fit` compiles it failed at a size whose quick plan
+        fit the room: the quick plans went on recomputing activations where
+        `fit`'s compilation gave up, so they cannot aim into the gap. `[]`
+        elsewhere."""
+        failed, fitted = real.smallest_failure, real.largest_fitting
+        if failed is None or fitted is None or \
+                failed - fitted <= max(1, int(RESOLUTION * fitted)) or \
+                (real.batch_size_for(headroom) or 0) < fitted:
+            return []
+        room = real.room(0.0)
+        quick_fit = {o.batch_size for o in real.observations if o.how == AIMED
+                     and o.need_bytes is not None and o.need_bytes <= room}
+        if not any(o.how == PLAN and o.batch_size in quick_fit and real.failed(o)
+                   for o in real.observations):
+            return []
+        return between(fitted, failed, parts)
 
     def _unsettled(self, targets: Sequence[float], view: Evidence) -> list[float]:
         """The headrooms whose answers `view` would still ask about."""

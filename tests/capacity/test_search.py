@@ -192,6 +192,37 @@ def gpt2_plans(b):
     return (7607 + 240 * (b - 32)) * MIB
 
 
+def bert_quick(b):
+    """keras-hub BERT base's quick plans under 8 GiB on an H100
+    (2026-12-05, docs/capacity.md): linear to 24; then XLA recomputes
+    activations and holds them at 6.1-6.4 GiB up to 55, far past where
+    `fit`'s compilation gives up (8.37 GiB at 55)."""
+    if b <= 24:
+        return 237 * MIB * b
+    if b <= 55:
+        return (6250 + 3 * (b - 24)) * MIB
+    return (6343 + 400 * (b - 55)) * MIB
+
+
+@pytest.mark.parametrize("truth", [30, 44, 54])
+def test_plans_held_flat_by_recomputation_do_not_aim_past_where_fit_gives_up(truth):
+    # Where `fit`'s compilation stops recomputing is unknown before checks;
+    # the quick plans say "fits" up to 55 whatever it is. Once a check
+    # fails where a quick plan fit, checks cut the gap instead.
+    def planned(b):
+        return 1.01 * bert_quick(b) if b <= truth else bert_quick(b) + 2 * GIB
+    in_use = int(1.6 * GIB)
+    fake = FakeStrategy(planned, how=PLAN, ladder_width=8, check_width=4,
+                        limit=8 * GIB, in_use=in_use, aimed=bert_quick)
+    search = S.Search(fake, on_gpu=True, host_largest=None)
+    ev = search.run(0.1, None)
+    room = 8 * GIB - in_use
+    assert ev.batch_size_for(0.0) == largest(planned, room) == truth
+    assert ev.batch_size_for(0.1) == largest(planned, room - 0.8 * GIB)
+    assert not search.open
+    assert sum(kind == "check" for kind, _ in fake.rounds) <= 4
+
+
 def test_quick_plans_like_fits_take_one_ladder_one_aim_and_one_check():
     # A round takes as long as one compilation, so the rounds are few and
     # full: the ladder's spare places hold quick plans beyond it, which
