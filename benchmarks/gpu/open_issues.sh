@@ -6,10 +6,11 @@
 #                                                 # first step (alone: it times
 #                                                 # compilations); the held-out OPT
 #   bash benchmarks/gpu/open_issues.sh layers     # 46: by-layer on decoders
-#   bash benchmarks/gpu/open_issues.sh together ways_room heldout_capacity
+#   bash benchmarks/gpu/open_issues.sh together bert_speed
 #   bash benchmarks/gpu/open_issues.sh together ways_jax
-#   bash benchmarks/gpu/open_issues.sh together ways_jax_warm ways_resconv_torch ways_resconv_jax
-#   bash benchmarks/gpu/open_issues.sh together heldout_jobs accumulation_edge ways_resconv_torch
+#   bash benchmarks/gpu/open_issues.sh together ways_jax_warm ways_resconv_jax
+# (run on 2026-12-05: ways_room heldout_capacity heldout_jobs accumulation_edge
+# ways_resconv_torch; docs/gpu-validation.md)
 # `together` runs the named jobs side by side, then compares the two
 # by-layer runs where both ran.
 set -uo pipefail
