@@ -210,8 +210,9 @@ class Search:
 
     def _reach_down(self) -> None:
         """Where fewer than two given sizes ran (a wanted batch far above
-        the limit), half the smallest size asked, until two ran and draw the
-        line or batch 1 was asked."""
+        the limit), halves the smallest size that ran (or, where none ran,
+        the smallest asked) until two ran and draw the line, or batch 1 was
+        asked."""
         while self.evidence.line is None:
             asked = {o.batch_size for o in self.observations if o.ladder}
             ran = [o.batch_size for o in self.observations if o.ladder and o.ran]
@@ -413,12 +414,12 @@ class Search:
 
     def _untrusted_gap(self, real: Evidence, headroom: float, parts: int
                        ) -> list[int]:
-        """`parts` checks that cut the gap between the largest size seen to fit and
-        the smallest that failed, where the answer under `headroom` rests on
-        it and a plan as `fit` compiles it failed at a size whose quick plan
-        fit the room: the quick plans went on recomputing activations where
-        `fit`'s compilation gave up, so they cannot aim into the gap. `[]`
-        elsewhere."""
+        """`parts` checks that cut the gap between the largest size seen to
+        fit and the smallest that failed, where the answer under `headroom`
+        rests on it and a plan as `fit` compiles it failed at a size whose
+        quick plan fit the room: the quick plans went on recomputing
+        activations where `fit`'s compilation gave up, so they cannot aim
+        into the gap. `[]` elsewhere."""
         failed, fitted = real.smallest_failure, real.largest_fitting
         if failed is None or fitted is None or \
                 failed - fitted <= max(1, int(RESOLUTION * fitted)) or \
