@@ -195,7 +195,7 @@ def gpt2_plans(b):
 def bert_quick(b):
     """keras-hub BERT base's quick plans under 8 GiB on an H100
     (2026-12-05, docs/capacity.md): linear to 24; then XLA recomputes
-    activations and holds them at 6.1-6.4 GiB up to 55, far past where
+    activations and holds them at 6.0-6.4 GiB up to 55, far past where
     `fit`'s compilation gives up (8.37 GiB at 55)."""
     if b <= 24:
         return 237 * MIB * b
