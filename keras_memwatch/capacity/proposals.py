@@ -1,8 +1,9 @@
 """Which sizes would bracket an answer, read off the record as it stands.
 
 `search.Search` runs the rounds; this module says what a round should ask
-for one answer (`proposals`), and when one round of checks can close an
-answer's bracket (`one_round`). Both read an `evidence.Evidence` only.
+for one answer (`proposals`), when one round of checks can close an
+answer's bracket (`one_round`), and which gap the quick plans cannot aim
+into (`untrusted_gap`). Each reads an `evidence.Evidence` only.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from __future__ import annotations
 from typing import Optional
 
 from keras_memwatch.capacity.brackets import RESOLUTION, room_gap
-from keras_memwatch.capacity.evidence import AIMED, Evidence
+from keras_memwatch.capacity.evidence import AIMED, PLAN, Evidence
 
-__all__ = ["FAN", "between", "one_round", "proposals"]
+__all__ = ["FAN", "between", "one_round", "proposals", "untrusted_gap"]
 
 #: Where quick plans have not yet failed above an answer, they also ask
 #: these multiples of it (XLA may recompute activations up there: GPT-2
@@ -55,10 +56,10 @@ def proposals(evidence: Evidence, headroom: float, width: int, fan: bool,
     checked = [o for o in evidence.observations if not o.ladder and o.how != AIMED]
     fits = [o.batch_size for o in checked
             if o.batch_size <= b and not evidence.failed(o)]
-    failed, fitted = evidence.smallest_failure, evidence.largest_fitting
-    if failed is not None and fitted is not None and b >= fitted \
-            and failed - fitted > max(1, int(RESOLUTION * fitted)):
-        return between(fitted, failed, width), []
+    failed = evidence.smallest_failure
+    gap = _failure_gap(evidence, headroom)
+    if gap is not None:
+        return between(*gap, width), []
     low, high, high_ran = room_gap(evidence, headroom)
     if low is not None and high is not None \
             and high - low > max(1, int(RESOLUTION * low)) \
@@ -73,6 +74,36 @@ def proposals(evidence: Evidence, headroom: float, width: int, fan: bool,
     if not fits or b - max(fits) > step:
         return [b], above
     return [], above
+
+
+def _failure_gap(evidence: Evidence, headroom: float) -> Optional[tuple[int, int]]:
+    """`(largest size seen to fit, smallest that failed)` where they are more
+    than `RESOLUTION` apart and the answer under `headroom` lies at the
+    gap's foot (it rests on where the limit lies in it); else `None`."""
+    failed, fitted = evidence.smallest_failure, evidence.largest_fitting
+    if failed is None or fitted is None or \
+            failed - fitted <= max(1, int(RESOLUTION * fitted)) or \
+            (evidence.batch_size_for(headroom) or 0) < fitted:
+        return None
+    return fitted, failed
+
+
+def untrusted_gap(evidence: Evidence, headroom: float, parts: int) -> list[int]:
+    """`parts` sizes that cut the gap the answer under `headroom` rests on
+    (`_failure_gap`), where a plan as `fit` compiles it failed at a size
+    whose quick plan fit the room: the quick plans went on recomputing
+    activations where `fit`'s compilation gave up, so they cannot aim into
+    the gap, and checks cut it themselves. `[]` elsewhere."""
+    gap = _failure_gap(evidence, headroom)
+    if gap is None:
+        return []
+    room = evidence.room(0.0)
+    quick_fit = {o.batch_size for o in evidence.observations if o.how == AIMED
+                 and o.need_bytes is not None and o.need_bytes <= room}
+    if not any(o.how == PLAN and o.batch_size in quick_fit and evidence.failed(o)
+               for o in evidence.observations):
+        return []
+    return between(*gap, parts)
 
 
 def one_round(view: Evidence, headroom: float, width: int) -> list[int]:

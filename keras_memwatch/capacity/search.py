@@ -60,7 +60,7 @@ from keras_memwatch.capacity.evidence import AIMED, PLAN, Evidence, Observation
 from keras_memwatch.capacity.ladder import (  # noqa: F401 (the ladder's, read here)
     HOST_BATCH, MAX_LADDER, SAFE, SLOW_S, START, TARGET, host_largest_batch, next_sizes)
 from keras_memwatch.capacity.progress import Progress
-from keras_memwatch.capacity.proposals import FAN, between, one_round, proposals
+from keras_memwatch.capacity.proposals import FAN, one_round, proposals, untrusted_gap
 
 MAX_CHECKS = 16
 MAX_AIMED = 24  # quick, aimed plans (JAX on a GPU): three rounds of eight
@@ -333,7 +333,7 @@ class Search:
                 if bracketed(real, h):
                     continue
                 others = sum(not bracketed(real, k) for k in targets if k != h)
-                untrusted = self._untrusted_gap(real, h, max(1, width - others))
+                untrusted = untrusted_gap(real, h, max(1, width - others))
                 if untrusted:
                     asks += [b for b in untrusted if b not in exact]
                     continue
@@ -394,7 +394,7 @@ class Search:
             share = max(1, width // len(targets))
             for h in reversed(targets):  # the ceiling's sizes above first
                 if near and (len(known[h] or ()) in (1, 2)
-                             or self._untrusted_gap(self.evidence, h, 1)):
+                             or untrusted_gap(self.evidence, h, 1)):
                     continue
                 needed, above = proposals(view(), h, share,
                                           fan=h == targets[-1] and width > 1,
@@ -411,27 +411,6 @@ class Search:
                 return self._unsettled(targets, view())
             self._ask(kind, asks)
             budget -= len(asks)
-
-    def _untrusted_gap(self, real: Evidence, headroom: float, parts: int
-                       ) -> list[int]:
-        """`parts` checks that cut the gap between the largest size seen to
-        fit and the smallest that failed, where the answer under `headroom`
-        rests on it and a plan as `fit` compiles it failed at a size whose
-        quick plan fit the room: the quick plans went on recomputing
-        activations where `fit`'s compilation gave up, so they cannot aim
-        into the gap. `[]` elsewhere."""
-        failed, fitted = real.smallest_failure, real.largest_fitting
-        if failed is None or fitted is None or \
-                failed - fitted <= max(1, int(RESOLUTION * fitted)) or \
-                (real.batch_size_for(headroom) or 0) < fitted:
-            return []
-        room = real.room(0.0)
-        quick_fit = {o.batch_size for o in real.observations if o.how == AIMED
-                     and o.need_bytes is not None and o.need_bytes <= room}
-        if not any(o.how == PLAN and o.batch_size in quick_fit and real.failed(o)
-                   for o in real.observations):
-            return []
-        return between(fitted, failed, parts)
 
     def _unsettled(self, targets: Sequence[float], view: Evidence) -> list[float]:
         """The headrooms whose answers `view` would still ask about."""
