@@ -362,10 +362,12 @@ class Search:
                 asks += [int(top * f) for f in FAN]
             asks = [b for b in dict.fromkeys(asks) if b not in exact][:width]
             if asks:
-                # spare places of the round: the sizes just below each
-                # answer, which the next round would ask where a check shows
-                # the quick plans low at the answer
-                asks += _below(view, targets, exact | set(asks))[:width - len(asks)]
+                # spare places of the round: the sizes just below each answer
+                # the checks have not bracketed, which the next round would
+                # ask where a check shows the quick plans low at the answer
+                # (below a bracketed one they would only slow the round)
+                open_ = [h for h in targets if not bracketed(real, h)]
+                asks += _below(view, open_, exact | set(asks))[:width - len(asks)]
             if not asks or (rounds is not None and done >= rounds):
                 return [h for h in targets if not bracketed(real, h)]
             done += 1

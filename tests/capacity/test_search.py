@@ -223,6 +223,49 @@ def test_plans_held_flat_by_recomputation_do_not_aim_past_where_fit_gives_up(tru
     assert sum(kind == "check" for kind, _ in fake.rounds) <= 4
 
 
+#: keras-hub BERT base under 8 GiB on an H100, the plans as printed
+#: (2026-12-05, docs/capacity.md): quick plans, and plans as `fit` compiles
+#: them; jobs in new processes trained 46 and 47, and 48 ran out of memory.
+BERT_H100_QUICK = {1: 0.252, 2: 0.464, 4: 0.923, 8: 1.82, 16: 3.71, 24: 5.56,
+                   25: 5.79, 26: 6.01, 27: 6.21, 28: 6.20, 30: 6.28, 32: 6.14,
+                   48: 6.16, 52: 6.22, 53: 6.23, 54: 6.28, 55: 6.36, 56: 6.83,
+                   57: 6.90, 67: 9.00, 83: 12.18}
+BERT_H100_FIT = {1: 0.252, 2: 0.464, 4: 0.923, 8: 1.82, 16: 3.71, 23: 5.35, 24: 5.60,
+                 25: 5.80, 26: 6.03, 31: 6.26, 37: 6.26, 43: 6.31, 44: 6.29, 45: 6.28,
+                 46: 6.37, 47: 6.73, 48: 7.01, 49: 7.24, 55: 8.37, 56: 8.52, 83: 12.5}
+
+
+def gib_between(table):
+    """Bytes at b, linear between the sizes of `table` (GiB by batch)."""
+    sizes = sorted(table)
+
+    def need(b):
+        if b >= sizes[-1]:
+            return (table[sizes[-1]] + 0.2 * (b - sizes[-1])) * GIB
+        high = next(s for s in sizes if s >= b)
+        low = max(s for s in sizes if s <= b)
+        part = 0.0 if high == low else (b - low) / (high - low)
+        return (table[low] + part * (table[high] - table[low])) * GIB
+    return need
+
+
+def test_once_an_answer_is_bracketed_no_check_is_spent_below_it():
+    # The H100 run: after the gap above 26 was cut down to 47 fits, the
+    # last round asked 48 and, in its spare places, 24, 23 and 22 below the
+    # answer under headroom that 25 and 26 had already bracketed; side by
+    # side they only made the round slower.
+    fake = FakeStrategy(gib_between(BERT_H100_FIT), how=PLAN, ladder_width=8,
+                        check_width=4, limit=8 * GIB, in_use=int(1.23 * GIB),
+                        aimed=gib_between(BERT_H100_QUICK))
+    search = S.Search(fake, on_gpu=True, host_largest=None)
+    ev = search.run(0.1, None)
+    assert (ev.batch_size_for(0.0), ev.batch_size_for(0.1)) == (47, 25)
+    assert not search.open
+    checks = [sizes for kind, sizes in fake.rounds if kind == "check"]
+    assert checks[0] == [55, 56, 25, 26]  # the answer under headroom: 25 | 26
+    assert checks[-1] == [48]
+
+
 def test_quick_plans_like_fits_take_one_ladder_one_aim_and_one_check():
     # A round takes as long as one compilation, so the rounds are few and
     # full: the ladder's spare places hold quick plans beyond it, which
