@@ -168,6 +168,22 @@ def test_in_flight_says_it_needs_a_gpu_where_jax_gives_no_memory_statistics():
     assert "gives no memory statistics; run it on a GPU" in proc.stderr
 
 
+def test_compile_phases_adds_up_each_sets_pass_times_from_xla_log():
+    """XLA logs each HLO pass's time; the lines before a set's report are
+    that set's compilation."""
+    from benchmarks.gpu.compile_phases import pass_seconds
+
+    lines = ["I1205 hlo_pass_pipeline.cc:1] HLO pass: priority-fusion time: 7.5 s (x)",
+             "I1205 hlo_pass_pipeline.cc:1] HLO pass: algsimp time: 120 ms (x)",
+             "I1205 hlo_pass_pipeline.cc:1] HLO pass: algsimp time: 80 ms (x)",
+             "aim batch 30: compiled in 16.9 s, buffers assigned at 13.5 s, plan 1 MiB",
+             "I1205 hlo_pass_pipeline.cc:1] HLO pass: config-assigner time: 8.49 s (x)",
+             "fit batch 30: compiled in 26.0 s, buffers assigned at 20.6 s, plan 1 MiB"]
+    out = pass_seconds(lines)
+    assert out["aim"] == pytest.approx({"priority-fusion": 7.5, "algsimp": 0.2})
+    assert out["fit"] == pytest.approx({"config-assigner": 8.49})
+
+
 def test_by_layer_check_splits_the_small_convnet_on_the_cpu():
     """The GPU check of issue 40, on the CPU: the small convnet's top layers,
     the layers' sum against the step's working memory, as JSON."""
