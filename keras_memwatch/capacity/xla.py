@@ -86,7 +86,15 @@ class Plans:
         xla_plan.jitted_train_step(model)  # the step `fit` runs
         self.in_use = device.in_use()
         self.limit, self.limit_words, _ = device.limit(self.in_use)
-        self.words = "XLA's plan of the step as `fit` compiles it"
+
+    @property
+    def words(self) -> str:
+        """What a size's need is read from: the plan and, on an accelerator,
+        the batches `fit` may hold ahead of the step, counted whether a run
+        holds them or not (a host slower than the device holds fewer)."""
+        return "XLA's plan of the step as `fit` compiles it" + (
+            f", with the {xla_plan.BATCHES_AHEAD} batches `fit` may hold ahead of it"
+            if self.accelerator else "")
 
     def ladder(self, sizes: Sequence[int], beyond: Sequence[int] = ()
                ) -> list[Observation]:
