@@ -253,7 +253,9 @@ def test_once_an_answer_is_bracketed_no_check_is_spent_below_it():
     # The H100 run: after the gap above 26 was cut down to 47 fits, the
     # last round asked 48 and, in its spare places, 24, 23 and 22 below the
     # answer under headroom that 25 and 26 had already bracketed; side by
-    # side they only made the round slower.
+    # side they only made the round slower. In use: BERT base's weights and
+    # AdamW's two slots, about 1.23 GiB (the run printed no estimate); with
+    # it the replay asks the rounds the run printed.
     fake = FakeStrategy(gib_between(BERT_H100_FIT), how=PLAN, ladder_width=8,
                         check_width=4, limit=8 * GIB, in_use=int(1.23 * GIB),
                         aimed=gib_between(BERT_H100_QUICK))
