@@ -6,11 +6,12 @@
 #                                                 # first step (alone: it times
 #                                                 # compilations); the held-out OPT
 #   bash benchmarks/gpu/open_issues.sh layers     # 46: by-layer on decoders
-#   bash benchmarks/gpu/open_issues.sh together bert_speed
+#   bash benchmarks/gpu/open_issues.sh together bert_speed   # the last round's rule
 #   bash benchmarks/gpu/open_issues.sh together ways_jax
-#   bash benchmarks/gpu/open_issues.sh together ways_jax_warm ways_resconv_jax
+#   bash benchmarks/gpu/open_issues.sh together ways_jax_warm
 # (run on 2026-12-05: ways_room heldout_capacity heldout_jobs accumulation_edge
-# ways_resconv_torch; docs/gpu-validation.md)
+# ways_resconv_torch; then phases, bert_speed, bert_jobs, ways_resconv_jax,
+# resconv_jax_edge, resconv_in_flight; docs/gpu-validation.md)
 # `together` runs the named jobs side by side, then compares the two
 # by-layer runs where both ran.
 set -uo pipefail
@@ -57,9 +58,22 @@ ways_jax_warm() { run 200 ways-jax-warm env KERAS_BACKEND=jax python3 -m benchma
 ways_resconv_torch() { run 400 ways-resconv-torch env KERAS_BACKEND=torch python3 -m \
   benchmarks.gpu.ways_check resconv --limit-mb 6144 --batch 512 --no-combinations --verify \
   --parallel 3 --levers ${resconv_levers:-all}; }
-ways_resconv_jax() { run 450 ways-resconv-jax env KERAS_BACKEND=jax python3 -m \
+ways_resconv_jax() { run 585 ways-resconv-jax env KERAS_BACKEND=jax python3 -m \
   benchmarks.gpu.ways_check resconv --limit-mb 6144 --batch 512 --no-combinations --verify \
-  --parallel 2 --max-seconds 240 --compilation-cache "$cache/jax-cache-resconv"; }
+  --levers gradient_accumulation --parallel 4 --max-seconds 370; }
+# alone: where one compilation of GPT-2 base's step goes (HLO passes by name)
+phases() { run 150 phases env KERAS_BACKEND=jax python3 -m benchmarks.gpu.compile_phases \
+  gpt2 --limit-mb 8192 --size 30; }
+# BERT base's ceiling of the H100 run of 2026-12-05 (47), and one size each side
+bert_jobs() { run 240 bert-jobs bash -c 'for b in 46 47 48; do KERAS_BACKEND=jax \
+  python3 -m benchmarks.gpu.capacity_check trial bert $b --limit-mb 8192 & done; wait'; }
+# the convnet on JAX above its answer (765), 60 steps a job; and the batches
+# its fit holds ahead of the step
+resconv_jax_edge() { run 240 resconv-jax-edge bash -c 'for n in 765 788 800 812 825; do
+  KERAS_BACKEND=jax python3 -m benchmarks.gpu.ways_check trial resconv --size $n \
+  --setting "{}" --limit-mb 6144 --steps 60 | tail -n 1 | sed "s/^/$n: /" & done; wait'; }
+resconv_in_flight() { run 200 resconv-in-flight env KERAS_BACKEND=jax python3 -m \
+  benchmarks.gpu.in_flight resconv 765 --steps 300 --limit-mb 6144; }
 # written after the code: the held-out OPT's answers of the H100 run of
 # 2026-12-05 (11 under 10% headroom, ceiling 17), and 18 above it, as jobs
 heldout_jobs() { run 240 heldout-jobs bash -c 'for b in 11 17 18; do

@@ -179,7 +179,9 @@ def main(argv: Any = None) -> int:
                         help="JAX's persistent compilation cache, and each row's "
                              "record, in DIR (default: none)")
     parser.add_argument("--verify", action="store_true")
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=30,
+                        help="steps of each job (default: 30; on JAX the batches "
+                             "`fit` holds ahead pile up over the first steps)")
     parser.add_argument("--parallel", type=int, default=4)
     parser.add_argument("--size", type=int, default=None, help="trial: the batch")
     parser.add_argument("--setting", default="{}", help="trial: the row's setting")
