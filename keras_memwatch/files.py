@@ -44,7 +44,7 @@ def open_new(path: PathLike, overwrite: bool, binary: bool = False) -> IO[Any]:
         raise
 
 
-def folder_problem(argument: str, path: str) -> Optional[str]:
+def _folder_problem(argument: str, path: str) -> Optional[str]:
     """What is wrong with the folder of a file to write, in words that name
     `argument`, or `None` where it exists and can be written in."""
     folder = os.path.dirname(os.path.abspath(path))
@@ -54,3 +54,16 @@ def folder_problem(argument: str, path: str) -> Optional[str]:
     if not os.access(folder, os.W_OK | os.X_OK):
         return f"{argument} {path}: cannot write in {folder}: choose another folder"
     return None
+
+
+def place_problem(argument: str, path: str, overwrite: bool,
+                  replace: str) -> Optional[str]:
+    """What stops a new file, whose name was checked, from being written at
+    `path`, in words that name `argument`: its folder (`_folder_problem`), or
+    the file existing unless `overwrite`, where `replace` says how the caller
+    allows replacing it (`"--force"`); `None` where nothing does."""
+    problem = _folder_problem(argument, path)
+    if problem is None and not overwrite and os.path.lexists(path):
+        problem = (f"{argument} {path} exists: pass {replace} to replace it, "
+                   "or choose another path")
+    return problem

@@ -233,10 +233,10 @@ def _report(args: argparse.Namespace) -> int:
         from keras_memwatch.explain.html import html_path_problem
         from keras_memwatch.explain.html.library import plotly_objects
 
-        problem = html_path_problem(args.html, args.overwrite, argument="--html")
+        problem = html_path_problem(args.html, args.overwrite, argument="--html",
+                                    replace="--overwrite")
         if problem:
-            return refuse(problem.replace("overwrite=True (--overwrite on the "
-                                          "command line)", "--overwrite"))
+            return refuse(problem)
         try:
             plotly_objects()
         except ImportError as e:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional, Union
 
-from keras_memwatch.files import folder_problem, open_new
+from keras_memwatch.files import open_new, place_problem
 
 __all__ = ["image_formats", "plot_path_problem", "pyplot", "save_figure"]
 
@@ -70,13 +70,7 @@ def plot_path_problem(path: PathLike, overwrite: bool = False,
         return (f"{argument} {path}: matplotlib cannot write .{ext} files; use "
                 f"{listed} or another of {', '.join(sorted(formats))}, e.g. "
                 f"{argument} {stem}.png")
-    problem = folder_problem(argument, path)
-    if problem is not None:
-        return problem
-    if os.path.lexists(path) and not overwrite:
-        return (f"{argument} {path} exists: pass --force to replace it, or "
-                "choose another path")
-    return None
+    return place_problem(argument, path, overwrite, "--force")
 
 
 def save_figure(fig: Any, path: PathLike, overwrite: bool = False) -> str:

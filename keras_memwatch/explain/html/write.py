@@ -13,7 +13,7 @@ import pandas as pd
 from keras_memwatch import options
 from keras_memwatch.explain.html.identity import run_identity
 from keras_memwatch.explain.html.library import plotly_objects
-from keras_memwatch.files import folder_problem, open_new, refuse_existing
+from keras_memwatch.files import open_new, place_problem, refuse_existing
 from keras_memwatch.judge.derived import SPIKE_COLUMNS
 
 __all__ = ["html_path_problem", "write_html_report"]
@@ -34,7 +34,8 @@ EXTENSIONS = (".html", ".htm")
 
 
 def html_path_problem(path: PathLike, overwrite: bool = False,
-                      argument: str = "path") -> Optional[str]:
+                      argument: str = "path",
+                      replace: str = "overwrite=True") -> Optional[str]:
     """Why the report cannot be written at `path`, or `None`; creates nothing.
 
     Refused: a name without `.html` (or `.htm`), a folder, a missing or
@@ -44,6 +45,8 @@ def html_path_problem(path: PathLike, overwrite: bool = False,
         path: where the page is to go.
         overwrite: an existing file may be replaced. Defaults to `False`.
         argument: how the message names the path. Defaults to `"path"`.
+        replace: how the message says to replace an existing file. Defaults
+            to `"overwrite=True"`.
 
     Returns:
         One sentence naming the argument and the fix, or `None`.
@@ -55,13 +58,7 @@ def html_path_problem(path: PathLike, overwrite: bool = False,
     if not path.lower().endswith(EXTENSIONS):
         return (f"{argument} {path} does not end in .html: name the page e.g. "
                 f"{os.path.splitext(path)[0] or 'memwatch'}.html")
-    problem = folder_problem(argument, path)
-    if problem is not None:
-        return problem
-    if os.path.lexists(path) and not overwrite:
-        return (f"{argument} {path} exists: pass overwrite=True (--overwrite on "
-                "the command line) to replace it, or choose another path")
-    return None
+    return place_problem(argument, path, overwrite, replace)
 
 
 def _table(name: str, value: Any, needed: tuple[str, ...], what: str,
