@@ -43,6 +43,8 @@ class Jobs:
     new process. Build it with `around`."""
 
     how = JOB
+    aims = False
+    deadline: Optional[float] = None  # a job is never abandoned
 
     def __init__(self, steps: Any, directory: str):
         self.steps = steps

@@ -83,9 +83,10 @@ class Strategy(Protocol):
     above_limit: bool
     ladder_width: int
     check_width: int  # sizes a round of checks asks about
-    # Optional: `aims` and `aim(sizes)` (quick plans), `deadline` (a
-    # `perf_counter()` time after which work in flight is abandoned, or
-    # `None`).
+    aims: bool  # whether it has quick plans, `aim(sizes)`, that only aim
+    #: A `perf_counter()` time after which work in flight is abandoned, or
+    #: `None`; set by the search.
+    deadline: Optional[float]
 
     def ladder(self, sizes: Sequence[int]) -> list[Observation]: ...
 
@@ -182,8 +183,7 @@ class Search:
         until the record can answer). Arms the strategy's own deadline."""
         if self.deadline.at is None or not self._answerable():
             return True
-        if hasattr(self.strategy, "deadline"):
-            self.strategy.deadline = self.deadline.at
+        self.strategy.deadline = self.deadline.at
         if not self.deadline.allows(self._expected(kind, sizes)):
             self.out_of_time = True
         return not self.out_of_time
@@ -261,7 +261,7 @@ class Search:
         """Quick plans for the first round's spare places: `BEYOND` times
         its largest size, where the strategy has quick plans (they aim
         only; the aims that follow start from them)."""
-        if not getattr(self.strategy, "aims", False):
+        if not self.strategy.aims:
             return []
         spare = self.strategy.ladder_width - len(queue)
         return [max(queue) * f for f in BEYOND][:max(spare, 0)]
@@ -288,7 +288,7 @@ class Search:
     def _check(self, headroom: float) -> None:
         targets = [headroom] + ([0.0] if headroom > 0 and
                                 self.strategy.above_limit else [])
-        if getattr(self.strategy, "aims", False):
+        if self.strategy.aims:
             # Quick plans, calibrated, bracket the answers first, until one
             # round of checks can ask every size of each bracket; where the
             # checks show the quick plans off, they aim again.

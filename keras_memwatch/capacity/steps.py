@@ -19,7 +19,7 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Sequence
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from keras_memwatch.measure.batches import Batches, fit_steps
 from keras_memwatch.measure.device import Device, trim_host_heap
@@ -43,6 +43,8 @@ class Steps:
     """
 
     how = STEP
+    aims = False  # no quicker way than a step
+    deadline: Optional[float] = None  # a step is never abandoned
 
     def __init__(self, model: Any, data: Batches, device: Device,
                  progress: Callable[[str], None]):

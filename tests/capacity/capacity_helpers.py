@@ -29,6 +29,7 @@ class FakeStrategy:
         self.need, self.limit, self.in_use, self.how = need, limit, in_use, how
         self.aimed = aimed  # quick plans, where `aim` is offered: bytes at b
         self.aims = aimed is not None
+        self.deadline = None  # set by the search where it has one
         self.reported = reported or need
         self.above_limit, self.ladder_width = above_limit, ladder_width
         self.check_width = check_width

@@ -59,6 +59,7 @@ class FakeSteps:
     how = STEP
     above_limit = True
     ladder_width = check_width = 1
+    aims, deadline = False, None
     words = limit_words = "a fake GPU"
 
     def __init__(self, gpu, model):
@@ -197,7 +198,7 @@ class FakePlans:
 
     how = PLAN
     above_limit = True
-    aims = True
+    aims, deadline = True, None
     ladder_width, check_width = 8, 4
     words = limit_words = "a fake GPU"
     KNEE = 128
