@@ -326,14 +326,14 @@ class Search:
         while True:
             real = self.evidence
             view = self._aimed()
+            unbracketed = [h for h in targets if not bracketed(real, h)]
             exact = {o.batch_size for o in real.observations
                      if o.how != AIMED and not o.ladder}
             asks: list[int] = []
-            for h in reversed(targets):
-                if bracketed(real, h):
-                    continue
-                others = sum(not bracketed(real, k) for k in targets if k != h)
-                untrusted = untrusted_gap(real, h, max(1, width - others))
+            # an untrusted gap shares the round with the other open answers
+            parts = max(1, width - (len(unbracketed) - 1))
+            for h in reversed(unbracketed):
+                untrusted = untrusted_gap(real, h, parts)
                 if untrusted:
                     asks += [b for b in untrusted if b not in exact]
                     continue
@@ -366,13 +366,13 @@ class Search:
                 # the checks have not bracketed, which the next round would
                 # ask where a check shows the quick plans low at the answer
                 # (below a bracketed one they would only slow the round)
-                open_ = [h for h in targets if not bracketed(real, h)]
-                asks += _below(view, open_, exact | set(asks))[:width - len(asks)]
+                asks += _below(view, unbracketed,
+                               exact | set(asks))[:width - len(asks)]
             if not asks or (rounds is not None and done >= rounds):
-                return [h for h in targets if not bracketed(real, h)]
+                return unbracketed
             done += 1
             if budget <= 0 or not self._in_time("check", asks):
-                return [h for h in targets if not bracketed(real, h)]
+                return unbracketed
             self._ask("check", asks)
             budget -= len(asks)
 
