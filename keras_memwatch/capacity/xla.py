@@ -92,9 +92,12 @@ class Plans:
         """What a size's need is read from: the plan and, on an accelerator,
         the batches `fit` may hold ahead of the step, counted whether a run
         holds them or not (a host slower than the device holds fewer)."""
-        return "XLA's plan of the step as `fit` compiles it" + (
-            f", with the {xla_plan.BATCHES_AHEAD} batches `fit` may hold ahead of it"
-            if self.accelerator else "")
+        if not self.accelerator:
+            return "XLA's plan of the step as `fit` compiles it"
+        sample = format_bytes(xla_plan.batch_bytes(self.sample, 1))
+        return (f"XLA's plan of the step as `fit` compiles it, with the "
+                f"{xla_plan.BATCHES_AHEAD} batches `fit` may hold ahead of it, "
+                f"{sample} a sample each")
 
     def ladder(self, sizes: Sequence[int], beyond: Sequence[int] = ()
                ) -> list[Observation]:

@@ -49,12 +49,15 @@ def test_compilations_not_done_by_the_deadline_are_abandoned(plans):
 
 def test_on_an_accelerator_the_need_counts_and_names_the_batches_held_ahead(plans):
     from keras_memwatch.judge import xla_plan
+    from keras_memwatch.units import format_bytes
 
     assert plans.ahead(10) == 0 and "ahead" not in plans.words  # the host
     plans.accelerator = True
     per_batch = xla_plan.batch_bytes(plans.sample, 10)
     assert plans.ahead(10) == xla_plan.BATCHES_AHEAD * per_batch
     assert f"the {xla_plan.BATCHES_AHEAD} batches `fit` may hold ahead" in plans.words
+    sample = format_bytes(xla_plan.batch_bytes(plans.sample, 1))
+    assert plans.words.endswith(f"ahead of it, {sample} a sample each")
 
 
 def test_the_search_on_plans_brackets_both_answers_as_on_a_gpu(plans):
