@@ -31,6 +31,13 @@ import time
 PASS_TIME = re.compile(r"HLO pass: (\S+) time: ([\d.]+) (us|ms|s|min)\b")
 UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0}
 SHOWN = 6
+SETS = ("aim", "fit")
+
+
+def reported_set(line: str) -> str:
+    """The set a line of the child reports (`SET batch ...`), or `""`."""
+    name = line.split(" ", 1)[0]
+    return name if name in SETS and " batch " in line else ""
 
 
 def pass_seconds(lines: list[str]) -> dict[str, dict[str, float]]:
@@ -42,8 +49,8 @@ def pass_seconds(lines: list[str]) -> dict[str, dict[str, float]]:
         found = PASS_TIME.search(line)
         if found:
             seconds[found.group(1)] += float(found.group(2)) * UNITS[found.group(3)]
-        elif " batch " in line and line.split(" ", 1)[0] in ("aim", "fit"):
-            out[line.split(" ", 1)[0]] = dict(seconds)
+        elif reported_set(line):
+            out[reported_set(line)] = dict(seconds)
             seconds.clear()
     return out
 
@@ -70,7 +77,7 @@ def compile_sets(model_name: str, limit_mb: float, size: int, sets: list[str]) -
     model = build(model_name)
     x, y = data(model_name, 8)
     model.optimizer.build(model.trainable_variables)
-    options = {"fit": {}, "aim": dict(AIM_OPTIONS)}
+    options = {"aim": dict(AIM_OPTIONS), "fit": {}}
     for name in sets:
         lowered, _, _ = xla_plan.lower_step(model, (x, y), size, batches_ahead=0)
         folder = tempfile.mkdtemp(prefix=f"dump-{name}-")
@@ -95,8 +102,7 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("--limit-mb", type=float, default=8192)
     parser.add_argument("--size", type=int, default=30)
-    parser.add_argument("--sets", nargs="+", choices=("aim", "fit"),
-                        default=["aim", "fit"])
+    parser.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -110,12 +116,13 @@ def main() -> None:
          *args.sets, "--child"], env=env, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, check=False)
     lines = child.stdout.splitlines()
-    reports = [line for line in lines if line.split(" ", 1)[0] in args.sets
-               and " batch " in line]
+    reports = [line for line in lines if reported_set(line)]
     if child.returncode or not reports:
         print("\n".join(lines[-20:]))
         sys.exit(child.returncode or 1)
-    for line, (name, seconds) in zip(reports, pass_seconds(lines).items()):
+    passes = pass_seconds(lines)
+    for line in reports:
+        seconds = passes[reported_set(line)]
         print(line)
         print(f"  HLO passes {sum(seconds.values()):.1f} s; longest: " + ", ".join(
             f"{n} {s:.2f} s" for n, s in sorted(seconds.items(),

@@ -92,12 +92,12 @@ class Plans:
         """What a size's need is read from: the plan and, on an accelerator,
         the batches `fit` may hold ahead of the step, counted whether a run
         holds them or not (a host slower than the device holds fewer)."""
+        plan = "XLA's plan of the step as `fit` compiles it"
         if not self.accelerator:
-            return "XLA's plan of the step as `fit` compiles it"
+            return plan
         sample = format_bytes(xla_plan.batch_bytes(self.sample, 1))
-        return (f"XLA's plan of the step as `fit` compiles it, with the "
-                f"{xla_plan.BATCHES_AHEAD} batches `fit` may hold ahead of it, "
-                f"{sample} a sample each")
+        return (f"{plan}, with the {xla_plan.BATCHES_AHEAD} batches `fit` may hold "
+                f"ahead of it, {sample} a sample each")
 
     def ladder(self, sizes: Sequence[int], beyond: Sequence[int] = ()
                ) -> list[Observation]:
