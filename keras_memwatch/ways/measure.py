@@ -168,7 +168,8 @@ def sizes_for(batch: int, host_largest: Optional[int], spare: bool = False
 
 def measure(variant: Variant, device: Optional[str], headroom: float,
             progress: Callable[[str], None], deadline: Optional[Deadline] = None,
-            cache_directory: Optional[str] = None) -> Measured:
+            cache_directory: Optional[str] = None,
+            base_bytes: Optional[int] = None) -> Measured:
     """Measures `variant` at its device batch and below.
 
     Args:
@@ -182,6 +183,11 @@ def measure(variant: Variant, device: Optional[str], headroom: float,
         cache_directory: JAX's compilation cache directory in use, where
             a planned variant's record is kept and read back
             (`capacity.stored_record`). Defaults to `None`: none.
+        base_bytes: in use apart from any model's state, read from the
+            model as it is (`table.Account.base`): a planned variant is
+            searched in the room it is read in, this plus its own state.
+            Defaults to `None` (the model as it is): what is in use, less
+            the user's state held beside the variant.
 
     Returns:
         A `Measured`.
@@ -202,10 +208,13 @@ def measure(variant: Variant, device: Optional[str], headroom: float,
             planned = strategy.how == PLAN
             sizes = sizes_for(variant.batch_size, host_largest,
                               spare=dev.on_gpu and not planned)
+            state = state_bytes(model)
             if planned:
+                alone = (strategy.in_use - variant.held_bytes if base_bytes is None
+                         else base_bytes + state)
                 observations, seconds, search = _by_plans(
                     strategy, variant, sizes, headroom, deadline, cache_directory,
-                    dev.on_gpu)
+                    dev.on_gpu, alone)
                 how = PLANNED
             else:
                 observations, seconds, search = _by_steps(
@@ -215,7 +224,7 @@ def measure(variant: Variant, device: Optional[str], headroom: float,
             limit = None if strategy.limit is None else strategy.limit - widened
             left = ((search.checks_left or search.stopped or "out of time "
                      "(max_seconds)") if search.out_of_time else "")
-            return Measured(tuple(observations), state_bytes(model), strategy.in_use,
+            return Measured(tuple(observations), state, strategy.in_use,
                             limit, strategy.limit_words, variant.batch_size,
                             seconds, how, dev.on_gpu, variant.held_bytes, widened,
                             left)
@@ -226,20 +235,20 @@ def measure(variant: Variant, device: Optional[str], headroom: float,
 
 
 def _by_plans(strategy: Any, variant: Variant, sizes: list[int], headroom: float,
-              deadline: Deadline, cache_directory: Optional[str], on_gpu: bool
-              ) -> tuple[list[Observation], Optional[float], Search]:
+              deadline: Deadline, cache_directory: Optional[str], on_gpu: bool,
+              in_use: int) -> tuple[list[Observation], Optional[float], Search]:
     """XLA's plans at `sizes` (read from the row's stored record where it
-    holds them), then on a GPU the search's brackets; the record, a
-    sample's seconds, and the search."""
+    holds them), then on a GPU the search's brackets with `in_use` bytes
+    in use (the variant alone's); the record, a sample's seconds, and the
+    search."""
     # a row's record of its own: its sizes are not an estimate's
     key = strategy.fingerprint(record="ways_to_fit") if cache_directory else None
     stored = (stored_record.load(cache_directory, key) if key is not None
               else stored_record.Stored([]))
     observations, seconds = _planned(strategy, variant.model, variant.data, sizes,
                                      variant.batch_size, stored.observations)
-    # the room of the variant alone: the user's state held beside it left out
     search = Search(strategy, on_gpu, None, deadline=deadline, known=observations,
-                    in_use=strategy.in_use - variant.held_bytes)
+                    in_use=in_use)
     if on_gpu and strategy.limit is not None:
         # aims and checks until the record brackets the largest batch under
         # `headroom` and under the whole limit

@@ -191,19 +191,21 @@ def _log(message: str) -> None:
 class Measuring:
     """How every row is measured: on `device`, checked under `headroom`,
     a line per size to `say`, within `deadline`, with JAX's compilation
-    cache in `cache_directory` (or `None`)."""
+    cache in `cache_directory` (or `None`), in the account of the model as
+    it is once it is measured (`base_bytes`, `measure`'s)."""
 
     device: Optional[str]
     headroom: float
     say: Callable[[str], None]
     deadline: Deadline
     cache_directory: Optional[str]
+    base_bytes: Optional[int] = None
 
     def __call__(self, model: Any, data: Batches, b: int, setting: Setting
                  ) -> Measured:
         with realized(model, data, b, setting) as variant:
             return measure(variant, self.device, self.headroom, self.say,
-                           self.deadline, self.cache_directory)
+                           self.deadline, self.cache_directory, self.base_bytes)
 
     def out_of_time(self) -> str:
         """Once the time has run out, since when; else `""`."""
@@ -225,6 +227,7 @@ def _measure_all(model: Any, data: Batches, b: int, names: list[str],
         # compares with the levers.
         as_is = measuring(model, data, b, Setting())
     account = T.Account(as_is, measuring.headroom)
+    measuring = dataclasses.replace(measuring, base_bytes=account.base)
     _show(shown, T.measured_row(T.AS_IS, "", "", as_is, account))
     on_gpu = as_is.on_gpu
     levers = [lever for lever in all_levers() if lever.name in names]

@@ -43,12 +43,17 @@ class FakeGpu:
         self.user_optimizer = user_model.optimizer
         self.cap = cap
         self.widened = 0
+        #: bytes a variant's measuring process holds beyond the states
+        #: (what an earlier variant left for the collector, say)
+        self.left_over = 0
 
     def in_use(self, model):
         alive = (state_variables(self.user, self.user_optimizer)
                  + state_variables(model, model.optimizer))
         grads = room.gradient_bytes(self.user)  # 0 but on PyTorch
-        return BASE + variable_bytes(alive) + grads * (1 if model is self.user else 2)
+        extra = self.left_over if model.optimizer is not self.user_optimizer else 0
+        return (BASE + variable_bytes(alive) + extra
+                + grads * (1 if model is self.user else 2))
 
     def alone(self, model, setting_state):
         """The largest batch a run of the variant alone fits."""
@@ -274,6 +279,29 @@ def test_on_jax_with_a_gpu_each_row_brackets_its_largest_batch(monkeypatch):
     # the wanted batch's plan and half of it alone would say 128 as it is
     assert table.loc["as is", "largest_batch"] > FakePlans.KNEE
     assert all(len(s.checked) > 2 for s in strategies)
+
+
+def test_a_planned_row_is_searched_in_the_room_its_table_reads(monkeypatch):
+    # Plans run nothing: a row is read as if its variant trained alone
+    # (what the process held apart from any model's state when the model
+    # as it is was measured, plus the variant's own state). Its checks
+    # bracket its answer in that room, not in what the process holds
+    # while the variant is measured (GPT-2 base's SGD row on an H100 was
+    # checked below where the model as it is fit).
+    model, x, y, gpu, strategies = on_fake_jax_gpu(monkeypatch)
+    gpu.left_over = 20 * 64 * KIB  # 13% of the room
+    table = ways_to_fit(model, x, y, batch_size=WANTED, headroom=0.0,
+                        levers=["sgd_momentum"],
+                        combinations=False).set_index("lever")
+    fake = FakePlans(gpu, model)
+    space = gpu.cap - BASE - (measure.state_bytes(model)
+                              - variable_bytes(model.trainable_variables))
+    truth = max(b for b in range(1, 4 * WANTED) if fake.plan(b) <= space)
+    largest = table.loc["sgd_momentum", "largest_batch"]
+    assert 0.97 * truth <= largest <= truth
+    checked = strategies[-1].checked
+    assert largest in checked
+    assert any(largest < b <= largest * 1.02 + 1 for b in checked), checked
 
 
 def test_rows_kept_beside_the_compilation_cache_are_read_back_not_compiled(
