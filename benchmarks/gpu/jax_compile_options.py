@@ -11,7 +11,9 @@ time (each from a fresh lowering, so none is found in JAX's cache), with:
 - `aim`: `keras_memwatch.capacity.xla.AIM_OPTIONS`.
 
 Prints the seconds and the working bytes of each plan; `--together`
-also compiles the sizes side by side with each named set, one round each:
+also compiles the sizes side by side with each named set, one round each;
+`--hold-mb` keeps that many MiB on the device while compiling (whether the
+memory in use moves XLA's plans):
 
     KERAS_BACKEND=jax python3 -m benchmarks.gpu.jax_compile_options gpt2 --limit-mb 8192 \
         --sizes 16 30 --sets fit untuned untuned-cheap \
@@ -38,6 +40,7 @@ def main() -> None:
     parser.add_argument("--sets", nargs="+", default=["fit", "no-triton", "aim"])
     parser.add_argument("--together", nargs="*", default=[])
     parser.add_argument("--together-sizes", type=int, nargs="+", default=None)
+    parser.add_argument("--hold-mb", type=int, default=0)
     args = parser.parse_args()
 
     from keras_memwatch import configure_memory
@@ -50,6 +53,11 @@ def main() -> None:
     model = build(args.model)
     x, y = data(args.model, 8)
     model.optimizer.build(model.trainable_variables)
+    if args.hold_mb:
+        import jax.numpy as jnp
+
+        held = jnp.ones((args.hold_mb, 2**18), "float32").block_until_ready()
+        print(f"holding {held.nbytes / 2**20:.0f} MiB on the device", flush=True)
     options = {"fit": None, "untuned": UNTUNED,
                "untuned-cheap": {**UNTUNED, **CHEAP},
                "no-triton": {**UNTUNED, "xla_gpu_enable_triton_gemm": False},

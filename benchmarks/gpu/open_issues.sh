@@ -7,8 +7,8 @@
 #                                                 # compilations); the held-out OPT
 #   bash benchmarks/gpu/open_issues.sh layers     # 46: by-layer on decoders
 #   bash benchmarks/gpu/open_issues.sh together bert_speed   # the last round's rule
+#   bash benchmarks/gpu/open_issues.sh together ways_jax_table   # then, warm:
 #   bash benchmarks/gpu/open_issues.sh together ways_jax
-#   bash benchmarks/gpu/open_issues.sh together ways_jax_warm
 # (run on 2026-12-05: ways_room heldout_capacity heldout_jobs accumulation_edge
 # ways_resconv_torch; then phases, bert_speed, bert_jobs, ways_resconv_jax,
 # resconv_jax_edge, resconv_in_flight; docs/gpu-validation.md)
@@ -45,16 +45,17 @@ ways_torch() { run 300 ways-torch env KERAS_BACKEND=torch python3 -m benchmarks.
 # with the held slots on the host
 ways_room() { run 200 ways-room env KERAS_BACKEND=torch python3 -m benchmarks.gpu.ways_room gpt2 \
   --limit-mb 8192 --sizes 13,14,15; }
-# each JAX row is bracketed (a few minutes a row on GPT-2 base): rows within
-# the time budget, kept in one cache; then every row again from it, without
-# jobs (the warm time)
+# each JAX row is bracketed (a few minutes a row on GPT-2 base), so the table
+# takes two calls on a warm machine: the rows that fit the time, kept in one
+# cache; then the table again from it (the warm time), the rows left, and
+# every row's jobs
 jax_levers=remat,remat_layers,mixed_precision,sgd_momentum,shorter_sequence
-ways_jax() { run 560 ways-jax env KERAS_BACKEND=jax python3 -m benchmarks.gpu.ways_check gpt2 \
+ways_jax_table() { run 580 ways-jax-table env KERAS_BACKEND=jax python3 -m \
+  benchmarks.gpu.ways_check gpt2 --limit-mb 8192 --batch 48 --levers $jax_levers \
+  --no-combinations --max-seconds 520 --compilation-cache "$cache/jax-cache"; }
+ways_jax() { run 580 ways-jax env KERAS_BACKEND=jax python3 -m benchmarks.gpu.ways_check gpt2 \
   --limit-mb 8192 --batch 48 --levers $jax_levers --no-combinations --verify --parallel 3 \
-  --max-seconds 300 --compilation-cache "$cache/jax-cache"; }
-ways_jax_warm() { run 200 ways-jax-warm env KERAS_BACKEND=jax python3 -m benchmarks.gpu.ways_check \
-  gpt2 --limit-mb 8192 --batch 48 --levers $jax_levers --no-combinations \
-  --compilation-cache "$cache/jax-cache"; }
+  --max-seconds ${WAYS_JAX_SECONDS:-200} --compilation-cache "$cache/jax-cache"; }
 ways_resconv_torch() { run 400 ways-resconv-torch env KERAS_BACKEND=torch python3 -m \
   benchmarks.gpu.ways_check resconv --limit-mb 6144 --batch 512 --no-combinations --verify \
   --parallel 3 --levers ${resconv_levers:-all}; }
@@ -64,6 +65,18 @@ ways_resconv_jax() { run 585 ways-resconv-jax env KERAS_BACKEND=jax python3 -m \
 # alone: where one compilation of GPT-2 base's step goes (HLO passes by name)
 phases() { run 150 phases env KERAS_BACKEND=jax python3 -m benchmarks.gpu.compile_phases \
   gpt2 --limit-mb 8192 --size 30; }
+# GPT-2 base's plans just above an answer (A: 34 on the H100, 31 on the
+# H200), as `fit` compiles them: alone, side by side as the checks compile
+# them; jobs at A+1 and A+2 (the H100's 36 trained beside the ways table,
+# where the checks said 35 fails); and alone with 1 GiB more in use
+plan_noise() { local a=${A:-34}; run 560 plan-noise bash -c "P='python3 -m \
+  benchmarks.gpu.jax_compile_options gpt2 --limit-mb 8192'; export KERAS_BACKEND=jax
+  \$P --sizes $((a + 1)) $((a + 2)) --sets fit --together fit \
+    --together-sizes $a $((a + 1)) $((a + 2)) $((a + 3))
+  for n in $((a + 1)) $((a + 2)); do python3 -m benchmarks.gpu.ways_check trial gpt2 \
+    --size \$n --setting '{}' --limit-mb 8192 --steps 30 | tail -n 1 | sed \"s/^/job \$n: /\" &
+  done; wait
+  \$P --sizes $((a + 2)) --sets fit --hold-mb 1024"; }
 # BERT base's ceiling of the H100 run of 2026-12-05 (47), and one size each side
 bert_jobs() { run 240 bert-jobs bash -c 'for b in 46 47 48; do KERAS_BACKEND=jax \
   python3 -m benchmarks.gpu.capacity_check trial bert $b --limit-mb 8192 & done; wait'; }
