@@ -10,9 +10,10 @@ variant alone holds none of it. On PyTorch with a GPU under a
 per-process cap (`torch.cuda.set_per_process_memory_fraction`, which can
 move at any time), the cap is raised by those bytes while the variant is
 measured, so that its steps, and the checks near the limit, meet the room
-the variant alone would have. Elsewhere the cap cannot move (TensorFlow's
-and JAX's are set before the runtime starts), and the variant is measured
-in the smaller room: its answers err low, never high.
+the variant alone would have. TensorFlow's cap cannot move (it is set
+before the runtime starts), and the variant's steps run in the smaller
+room: its answers err low, never high. JAX's plans run nothing, and are
+read as if the variant trained alone (`measure`).
 """
 
 from __future__ import annotations
