@@ -216,6 +216,9 @@ class CapacityEstimate:
             parts.append("Checked: " + ", ".join(
                 f"{o.batch_size} {_result(ev, o)}" for o in checks) + f" ({checks[0].how}s).")
         parts.append(f"Without headroom: {ceiling}.")
+        above = _plans_fitting_above(ev, ceiling)
+        if above:
+            parts.append(above)
         start = self.recomputes_from
         if start is not None:
             parts.append(f"From batch {start} XLA recomputes activations to fit "
@@ -270,6 +273,32 @@ class CapacityEstimate:
                          f"(small batches {line.batch_sizes[0]}-{line.batch_sizes[-1]})")
         lines.append(f"  {self.explanation}")
         return "\n".join(lines)
+
+
+def _plans_fitting_above(ev: Evidence, ceiling: Optional[int]) -> str:
+    """Where XLA's plans fit the limit above a size whose plan does not
+    (it recomputes activations differently from size to size), which, and
+    why the ceiling stays below them; else `""`."""
+    plans = [o for o in ev.observations if o.how == PLAN]
+    if not ceiling or not plans:
+        return ""
+    fit = [o.batch_size for o in plans if o.batch_size > ceiling and not ev.failed(o)]
+    failed = [o.batch_size for o in plans if ev.failed(o)]
+    fit = [b for b in fit if any(ceiling < f < b for f in failed)]
+    if not fit:
+        return ""
+    below = sorted(f for f in failed if ceiling < f < max(fit))
+    return (f"XLA's plans also fit at {_listed(sorted(fit))}, above "
+            f"{_listed(below)}, which {'does' if len(below) == 1 else 'do'} not "
+            "(it recomputes activations differently from size to size): a run "
+            "there trains only if none of its batches, an epoch's smaller last "
+            "one included, is a size that does not fit.")
+
+
+def _listed(sizes: list[int]) -> str:
+    """`"29"`, `"29 and 30"`, `"29, 30 and 32"`."""
+    words = [str(b) for b in sizes]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
 def _result(ev: Evidence, o: Observation) -> str:
