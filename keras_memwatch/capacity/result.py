@@ -279,16 +279,15 @@ def _plans_fitting_above(ev: Evidence, ceiling: Optional[int]) -> str:
     """Where XLA's plans fit the limit above a size whose plan does not
     (it recomputes activations differently from size to size), which, and
     why the ceiling stays below them; else `""`."""
-    plans = [o for o in ev.observations if o.how == PLAN]
-    if not ceiling or not plans:
-        return ""
-    fit = [o.batch_size for o in plans if o.batch_size > ceiling and not ev.failed(o)]
-    failed = [o.batch_size for o in plans if ev.failed(o)]
-    fit = [b for b in fit if any(ceiling < f < b for f in failed)]
+    plans = [o for o in ev.observations if o.how == PLAN
+             and ceiling and o.batch_size > ceiling]
+    failed = sorted(o.batch_size for o in plans if ev.failed(o))
+    fit = sorted(o.batch_size for o in plans
+                 if not ev.failed(o) and failed and o.batch_size > failed[0])
     if not fit:
         return ""
-    below = sorted(f for f in failed if ceiling < f < max(fit))
-    return (f"XLA's plans also fit at {_listed(sorted(fit))}, above "
+    below = [f for f in failed if f < fit[-1]]
+    return (f"XLA's plans also fit at {_listed(fit)}, above "
             f"{_listed(below)}, which {'does' if len(below) == 1 else 'do'} not "
             "(it recomputes activations differently from size to size): a run "
             "there trains only if none of its batches, an epoch's smaller last "
