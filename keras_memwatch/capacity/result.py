@@ -279,8 +279,9 @@ def _plans_fitting_above(ev: Evidence, ceiling: Optional[int]) -> str:
     """Where XLA's plans fit the limit above a size whose plan does not
     (it recomputes activations differently from size to size), which, and
     why the ceiling stays below them; else `""`."""
-    plans = [o for o in ev.observations if o.how == PLAN
-             and ceiling and o.batch_size > ceiling]
+    if not ceiling:
+        return ""
+    plans = [o for o in ev.observations if o.how == PLAN and o.batch_size > ceiling]
     failed = sorted(o.batch_size for o in plans if ev.failed(o))
     fit = sorted(o.batch_size for o in plans
                  if not ev.failed(o) and failed and o.batch_size > failed[0])
