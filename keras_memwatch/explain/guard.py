@@ -36,6 +36,7 @@ from typing import Any, Optional, Union
 
 from keras_memwatch import options
 from keras_memwatch.explain.ways_text import HINT
+from keras_memwatch.measure.batches import wait_for_steps
 from keras_memwatch.oom_errors import (MAX_LINE, allocation_lines, error_text,
                                 is_oom_error, requested_bytes)
 
@@ -303,19 +304,11 @@ def _deferred_error(watch: Any) -> Optional[BaseException]:
     (MemWatch is), so an allocation that fails inside a step may surface
     only when its results are awaited, after `fit` has returned.
     """
-    keras = sys.modules.get("keras")
-    jax = sys.modules.get("jax")
     model = getattr(watch, "model", None)
-    if keras is None or jax is None or model is None:
+    if "jax" not in sys.modules or model is None:
         return None
     try:
-        if keras.backend.backend() != "jax":
-            return None
-        values = [v.value for v in model.trainable_variables]
-    except Exception:
-        return None
-    try:
-        jax.block_until_ready(values)
+        wait_for_steps(model)
     except Exception as e:
         return e
     return None

@@ -77,7 +77,8 @@ class Batches:
 
 
 def fit_steps(model: Any, batch: tuple[Any, Any], steps: int) -> None:
-    """Trains `steps` steps on `batch` through Keras's own `fit`.
+    """Trains `steps` steps on `batch` through Keras's own `fit`, and waits
+    for them (`wait_for_steps`): a step that ran out of memory raises here.
 
     `fit` packs array batches as `(x, y)` (or `(x,)`), which a custom
     `train_step` unpacks, and runs the step function it compiles for them;
@@ -95,6 +96,24 @@ def fit_steps(model: Any, batch: tuple[Any, Any], steps: int) -> None:
     with _quiet_retracing():
         keras.Model.fit(model, x, y, batch_size=size, epochs=1, shuffle=False,
                         verbose=0)
+    wait_for_steps(model)
+
+
+def wait_for_steps(model: Any) -> None:
+    """Waits for the steps that made the model's weights, and raises what
+    they raised.
+
+    JAX runs steps asynchronously: an allocation that fails inside a step
+    surfaces only when its results are awaited, and `fit` returns without
+    awaiting them when no callback needs its logs as numbers. The other
+    backends raise within the step.
+    """
+    import keras
+
+    if keras.backend.backend() == "jax":
+        import jax
+
+        jax.block_until_ready([v.value for v in model.trainable_variables])
 
 
 @contextlib.contextmanager
