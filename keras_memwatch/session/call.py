@@ -22,6 +22,8 @@ from keras_memwatch.judge.block_judge import BlockJudge
 from keras_memwatch.judge.derived import main_device
 from keras_memwatch.judge.spikes import SpikeMonitor
 from keras_memwatch.judge.step_plan import StepPlanner, attach_planner
+from keras_memwatch.measure.batches import wait_for_steps
+from keras_memwatch.oom_errors import MAX_LINE, error_text, is_oom_error
 from keras_memwatch.record.batch_shapes import BatchInputs, BatchShapes
 from keras_memwatch.record.csvlog import open_log
 from keras_memwatch.record.log_stream import LogStream
@@ -187,6 +189,8 @@ class CallSession:
             self.record.monitor.end_epoch(0)
         self.delivery.deliver(self.judge.take_events())
         self.close()
+        if self.phase == "train":
+            _report_failed_step(self.watch.model)
 
     def close(self) -> None:
         """Takes the hooks off and closes the pipeline, the log, the
@@ -200,6 +204,25 @@ class CallSession:
         if self.record.planner is not None:
             self.record.planner.detach()
         self.sampler.close()
+
+
+def _report_failed_step(model: Any) -> None:
+    """Logs an error where a step ran out of memory and `fit` returned
+    without raising it: JAX reports a step's failure only when its results
+    are awaited, and Keras drops the logs it cannot read."""
+    if model is None or keras.backend.backend() != "jax":
+        return
+    try:
+        wait_for_steps(model)
+    except Exception as e:
+        if is_oom_error(e):
+            first = error_text(e).strip().splitlines()[0][:MAX_LINE]
+            logger.error(
+                "keras_memwatch: a training step ran out of memory, and `fit` "
+                "returned without raising it (JAX reports a step's failure only "
+                "when its results are awaited). The model's weights are lost "
+                "with it. Run `fit` inside `watch.guard()` to raise it with a "
+                "report. %s", first)
 
 
 def _batch_inputs(model: Any, planner: Optional[StepPlanner]) -> BatchInputs:
