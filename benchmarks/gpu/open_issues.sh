@@ -78,20 +78,22 @@ plan_noise() { local a=${A:-34}; run 560 plan-noise bash -c "P='python3 -m \
     --size \$n --setting '{}' --limit-mb 8192 --steps 30 | tail -n 1 | sed \"s/^/job \$n: /\" &
   done; wait
   \$P --sizes $((a + 2)) --sets fit --hold-mb 1024"; }
-# GPT-2 base's JAX rows of the H100 run of 2026-12-05 (answer, answer + 1),
-# as jobs that wait for their steps (`fit_steps`): the jobs of that run
-# did not, and a step out of memory went unseen; SGD's answer since its
-# room was fixed is not known, so 33-36
-jax_row_jobs() { run 560 jax-row-jobs bash -c 'i=0
-  for job in "{}:34" "{}:35" "{\"sequence\": 128}:71" "{\"sequence\": 128}:72" \
-      "{\"policy\": \"mixed_bfloat16\"}:62" "{\"policy\": \"mixed_bfloat16\"}:63" \
-      "{\"remat\": [[\"mode\", \"full\"]]}:28" "{\"remat\": [[\"mode\", \"full\"]]}:29" \
-      "{\"optimizer\": \"sgd\"}:33" "{\"optimizer\": \"sgd\"}:34" \
-      "{\"optimizer\": \"sgd\"}:35" "{\"optimizer\": \"sgd\"}:36"; do
-    KERAS_BACKEND=jax python3 -m benchmarks.gpu.ways_check trial gpt2 --size ${job##*:} \
-      --setting "${job%:*}" --limit-mb 8192 --steps 30 2>/dev/null | tail -n 1 \
-      | sed "s/^/${job%:*} ${job##*:}: /" &
-    i=$((i + 1)); [ $((i % 4)) = 0 ] && wait; done; wait'; }
+# GPT-2 base's JAX rows as jobs that wait for their steps (`fit_steps`;
+# the jobs before 2026-12-05's seventh session did not, and a step out of
+# memory went unseen): "setting:size" pairs in ROW_JOBS, four at a time;
+# by default the H100 table's answers and one above (SGD's answer since
+# its room was fixed is not known: 33-36)
+h100_rows='{}:34 {}:35 {"sequence":128}:71 {"sequence":128}:72
+  {"policy":"mixed_bfloat16"}:62 {"policy":"mixed_bfloat16"}:63
+  {"remat":[["mode","full"]]}:28 {"remat":[["mode","full"]]}:29
+  {"optimizer":"sgd"}:33 {"optimizer":"sgd"}:34 {"optimizer":"sgd"}:35 {"optimizer":"sgd"}:36'
+jax_row_jobs() { local i=0 job; : > "$out/jax-row-jobs.txt"; set -f
+  for job in ${ROW_JOBS:-$h100_rows}; do
+    timeout 300 env KERAS_BACKEND=jax python3 -m benchmarks.gpu.ways_check trial gpt2 \
+      --size "${job##*:}" --setting "${job%:*}" --limit-mb 8192 --steps 30 2>/dev/null \
+      | tail -n 1 | sed "s/^/${job%:*} ${job##*:}: /" >> "$out/jax-row-jobs.txt" &
+    i=$((i + 1)); [ $((i % 4)) = 0 ] && wait; done; wait; set +f
+  echo "== jax-row-jobs"; cat "$out/jax-row-jobs.txt"; }
 # BERT base's ceiling of the H100 run of 2026-12-05 (47), and one size each side
 bert_jobs() { run 240 bert-jobs bash -c 'for b in 46 47 48; do KERAS_BACKEND=jax \
   python3 -m benchmarks.gpu.capacity_check trial bert $b --limit-mb 8192 & done; wait'; }
