@@ -7,6 +7,7 @@
 #                                                 # compilations); the held-out OPT
 #   bash benchmarks/gpu/open_issues.sh layers     # 46: by-layer on decoders
 #   bash benchmarks/gpu/open_issues.sh together bert_speed   # the last round's rule
+#   bash benchmarks/gpu/open_issues.sh together jax_row_jobs # JAX rows as jobs
 #   bash benchmarks/gpu/open_issues.sh together ways_jax_table   # then, warm:
 #   bash benchmarks/gpu/open_issues.sh together ways_jax
 # (run on 2026-12-05: ways_room heldout_capacity heldout_jobs accumulation_edge
