@@ -221,8 +221,8 @@ def _report_failed_step(model: Any) -> None:
                 "keras_memwatch: a training step ran out of memory, and `fit` "
                 "returned without raising it (JAX reports a step's failure only "
                 "when its results are awaited). The model's weights are lost "
-                "with it. Run `fit` inside `watch.guard()` to raise it with a "
-                "report. %s", first)
+                "with it. Inside `watch.guard()` it is raised, with a report. %s",
+                first)
 
 
 def _batch_inputs(model: Any, planner: Optional[StepPlanner]) -> BatchInputs:
