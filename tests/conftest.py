@@ -3,10 +3,14 @@ and the GPU marker. Tests import the helpers from here."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import textwrap
 from collections.abc import Iterator, Sequence
 from typing import Optional
 
@@ -339,3 +343,48 @@ def hidden_framework(folder, framework: str) -> str:
         f"raise ModuleNotFoundError(\"No module named '{framework}'\", "
         f"name={framework!r})\n")
     return str(package.parent)
+
+
+#: The start of a child script that runs a JAX step out of memory for real:
+#: a small convnet, `vm()` (the address space mapped now), and `big`, a
+#: batch whose step needs about 5 GiB of activations. The script then caps
+#: its address space a little above `vm()` and trains `big`.
+OUT_OF_MEMORY_CHILD = textwrap.dedent("""
+    import json, logging, resource
+    import numpy as np
+    import keras
+
+    model = keras.Sequential([
+        keras.Input((64, 64, 1)),
+        keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+        keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+        keras.layers.Flatten(),
+        keras.layers.Dense(1),
+    ])
+    model.compile(optimizer="adam", loss="mse")
+    small = (np.ones((8, 64, 64, 1), "float32"), np.ones((8, 1), "float32"))
+    big = (np.ones((2000, 64, 64, 1), "float32"), np.ones((2000, 1), "float32"))
+
+    def vm():
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmSize"):
+                    return int(line.split()[1]) * 1024
+
+    def cap_address_space():
+        resource.setrlimit(resource.RLIMIT_AS,
+                           (vm() + 768 * 2**20, resource.RLIM_INFINITY))
+""")
+
+
+def run_out_of_memory_child(tmp_path, body: str) -> dict:
+    """Runs `OUT_OF_MEMORY_CHILD` then `body` under JAX in a new process;
+    returns the JSON object its last line prints."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    (tmp_path / "child.py").write_text(OUT_OF_MEMORY_CHILD + textwrap.dedent(body))
+    env = dict(os.environ, KERAS_BACKEND="jax",
+               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, str(tmp_path / "child.py")], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
