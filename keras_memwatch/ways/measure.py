@@ -39,6 +39,7 @@ from keras_memwatch.capacity.deadline import Deadline
 from keras_memwatch.capacity.evidence import AIMED, PLAN, Evidence, Observation
 from keras_memwatch.measure.host_memory import host_available_bytes
 from keras_memwatch.measure.model_state import build_for_training
+from keras_memwatch.oom_errors import is_oom_error
 from keras_memwatch.capacity.search import Search, host_largest_batch
 from keras_memwatch.variables import variable_bytes
 from keras_memwatch.ways import room
@@ -315,7 +316,12 @@ def _timed(model: Any, data: Any, batch: int, plans: list[Observation],
     if size is None:
         return None
     sample = data.take(size)
-    fit_steps(model, sample, 1)  # compiles
-    began = time.perf_counter()
-    fit_steps(model, sample, TIMED_STEPS)
+    try:
+        fit_steps(model, sample, 1)  # compiles
+        began = time.perf_counter()
+        fit_steps(model, sample, TIMED_STEPS)
+    except Exception as e:
+        if not is_oom_error(e):
+            raise
+        return None  # its plan fit the room, its steps did not: no time
     return (time.perf_counter() - began) / (TIMED_STEPS * size)

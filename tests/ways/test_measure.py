@@ -356,3 +356,22 @@ def test_a_quick_plan_at_the_wanted_batch_never_gives_its_need():
                          limit_words="", device_batch=256,
                          seconds_per_sample=None, how=measure.PLANNED)
     assert m.step_bytes(m.evidence(BASE, None)) == (20 * MIB, measure.PLANNED)
+
+
+def test_a_planned_size_whose_steps_run_out_of_memory_gives_no_time(monkeypatch):
+    """A plan that fits the room is no promise that its steps do: where
+    they run out of memory, the row has no step time, and no error."""
+    from conftest import framework_oom, tiny_data, tiny_model
+    from keras_memwatch.measure.batches import Batches
+
+    model = tiny_model()
+    model.compile(optimizer="adam", loss="mse")
+    x, y = tiny_data()
+
+    def fit_steps(*args):
+        raise framework_oom()
+
+    monkeypatch.setattr(measure, "fit_steps", fit_steps)
+    plans = [Observation(8, 1 * MIB, PLAN, ladder=True)]
+    data = Batches(x, y)
+    assert measure._timed(model, data, 8, plans, 64 * MIB, 0) is None
