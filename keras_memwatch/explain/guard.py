@@ -412,6 +412,11 @@ def oom_guard(watch: Any, report_dir: Optional[PathLike] = None, *,
               last_n: int = 20) -> OomGuard:
     """Guards a `fit` call: on out-of-memory, writes a report of what was happening.
 
+    On JAX, a step that runs out of memory can end `fit` without an
+    exception (its failure surfaces only when its results are awaited, and
+    Keras drops the logs it cannot read); the guard awaits them and raises
+    it. Without a guard, the watch logs it as an error at train end.
+
     Args:
         watch: the `MemWatch` passed to `fit`'s callbacks.
         report_dir: write the report there. Defaults to `None`: next to

@@ -216,7 +216,7 @@ def _report_failed_step(model: Any) -> None:
         wait_for_steps(model)
     except Exception as e:
         if is_oom_error(e):
-            first = error_text(e).strip().splitlines()[0][:MAX_LINE]
+            first = (error_text(e).strip().splitlines() or [""])[0][:MAX_LINE]
             logger.error(
                 "keras_memwatch: a training step ran out of memory, and `fit` "
                 "returned without raising it (JAX reports a step's failure only "
