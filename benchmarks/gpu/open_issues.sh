@@ -95,6 +95,10 @@ jax_row_jobs() { local i=0 job; : > "$out/jax-row-jobs.txt"; set -f
       | tail -n 1 | sed "s/^/${job%:*} ${job##*:}: /" >> "$out/jax-row-jobs.txt" &
     i=$((i + 1)); [ $((i % 4)) = 0 ] && wait; done; wait; set +f
   echo "== jax-row-jobs"; cat "$out/jax-row-jobs.txt"; }
+# a user's fit of GPT-2 base at 48 under 8 GiB (out of memory) with a
+# MemWatch and no guard: does fit raise, and does the watch say so?
+quiet_oom() { run 200 quiet-oom env KERAS_BACKEND=jax python3 -m benchmarks.gpu.quiet_oom \
+  gpt2 --size 48 --limit-mb 8192; }
 # BERT base's ceiling of the H100 run of 2026-12-05 (47), and one size each side
 bert_jobs() { run 240 bert-jobs bash -c 'for b in 46 47 48; do KERAS_BACKEND=jax \
   python3 -m benchmarks.gpu.capacity_check trial bert $b --limit-mb 8192 & done; wait'; }
