@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from keras_memwatch.measure.batches import Batches, repeated
+from keras_memwatch.measure.batches import Batches, repeated, wait_for_steps
 from keras_memwatch.capacity.evidence import JOB, Observation
 from keras_memwatch.units import MIB, format_bytes
 
@@ -207,6 +207,7 @@ def train_fresh(directory: str, size: int, limit_bytes: int,
     try:
         keras.Model.fit(model, repeated(*Batches(x, y).take(size), JOB_STEPS),
                         epochs=JOB_EPOCHS, verbose=0)
+        wait_for_steps(model)  # JAX: a step out of memory raises only here
     except Exception as e:
         if not is_oom_error(e):
             raise
