@@ -72,7 +72,7 @@ phases() { run 150 phases env KERAS_BACKEND=jax python3 -m benchmarks.gpu.compil
 # 2026-12-05: the plans do not move; docs/ways-to-fit.md)
 plan_noise() { local a=${A:-34}; run 560 plan-noise bash -c "P='python3 -m \
   benchmarks.gpu.jax_compile_options gpt2 --limit-mb 8192'; export KERAS_BACKEND=jax
-  \$P --sizes $((a + 2)) $((a + 1)) --sets fit --together fit \
+  \$P --sizes $((a + 1)) $((a + 2)) --sets fit --together fit \
     --together-sizes $a $((a + 1)) $((a + 2)) $((a + 3))
   for n in $((a + 1)) $((a + 2)); do python3 -m benchmarks.gpu.ways_check trial gpt2 \
     --size \$n --setting '{}' --limit-mb 8192 --steps 30 | tail -n 1 | sed \"s/^/job \$n: /\" &
@@ -82,10 +82,10 @@ plan_noise() { local a=${A:-34}; run 560 plan-noise bash -c "P='python3 -m \
 # the jobs before 2026-12-05's seventh session did not, and a step out of
 # memory went unseen): "setting:size" pairs in ROW_JOBS, four at a time;
 # by default the H100 table's answers and one above (SGD's answer since
-# its room was fixed is not known: 33-36)
+# its room was fixed is not known: 33-36; the remat rows name their layers
+# in the table's record, `ways_jax`)
 h100_rows='{}:34 {}:35 {"sequence":128}:71 {"sequence":128}:72
   {"policy":"mixed_bfloat16"}:62 {"policy":"mixed_bfloat16"}:63
-  {"remat":[["mode","full"]]}:28 {"remat":[["mode","full"]]}:29
   {"optimizer":"sgd"}:33 {"optimizer":"sgd"}:34 {"optimizer":"sgd"}:35 {"optimizer":"sgd"}:36'
 jax_row_jobs() { local i=0 job; : > "$out/jax-row-jobs.txt"; set -f
   for job in ${ROW_JOBS:-$h100_rows}; do
