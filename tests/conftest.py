@@ -345,7 +345,7 @@ def hidden_framework(folder, framework: str) -> str:
     return str(package.parent)
 
 
-#: The start of a child script that runs a JAX step out of memory for real:
+#: The start of a child script that runs a step out of memory for real:
 #: a small convnet, `vm()` (the address space mapped now), and `big`, a
 #: batch whose step needs about 5 GiB of activations. The script then caps
 #: its address space a little above `vm()` and trains `big`.
@@ -377,12 +377,12 @@ OUT_OF_MEMORY_CHILD = textwrap.dedent("""
 """)
 
 
-def run_out_of_memory_child(tmp_path, body: str) -> dict:
-    """Runs `OUT_OF_MEMORY_CHILD` then `body` under JAX in a new process;
-    returns the JSON object its last line prints."""
+def run_out_of_memory_child(tmp_path, body: str, backend: str = "jax") -> dict:
+    """Runs `OUT_OF_MEMORY_CHILD` then `body` under `backend` in a new
+    process, in `tmp_path`; returns the JSON object its last line prints."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     (tmp_path / "child.py").write_text(OUT_OF_MEMORY_CHILD + textwrap.dedent(body))
-    env = dict(os.environ, KERAS_BACKEND="jax",
+    env = dict(os.environ, KERAS_BACKEND=backend,
                PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     done = subprocess.run([sys.executable, str(tmp_path / "child.py")], env=env,
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)

@@ -19,7 +19,7 @@ import pytest
 from keras_memwatch import MemWatch, load_log
 from keras_memwatch.explain.guard import OomGuard, oom_guard, write_oom_report
 
-from conftest import framework_oom
+from conftest import framework_oom, run_out_of_memory_child
 
 BACKEND = keras.backend.backend()
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -241,27 +241,10 @@ def test_reports_written_at_once_into_one_folder_never_collide(tmp_path):
 
 # -- real allocation failures, in a child process ----------------------------
 
-CHILD = textwrap.dedent("""
-    import json, os, resource, sys
-    import numpy as np
-    import keras
+GUARDED_FIT = """
     from keras_memwatch import MemWatch
     from keras_memwatch.explain.guard import oom_guard
 
-    out = sys.argv[1]
-    model = keras.Sequential([
-        keras.Input((64, 64, 1)),
-        keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
-        keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
-        keras.layers.Flatten(),
-        keras.layers.Dense(1),
-    ])
-    model.compile(optimizer="adam", loss="mse")
-    rng = np.random.default_rng(0)
-    small = (rng.random((16, 64, 64, 1), dtype=np.float32),
-             rng.random((16, 1), dtype=np.float32))
-    # a step of 2000 samples needs about 5 GiB of activations
-    big = (np.ones((2000, 64, 64, 1), np.float32), np.ones((2000, 1), np.float32))
     model.fit(*small, batch_size=8, epochs=1, verbose=0)
 
     def batches():
@@ -269,14 +252,8 @@ CHILD = textwrap.dedent("""
             yield small
         yield big
 
-    def vm():
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmSize"):
-                    return int(line.split()[1]) * 1024
-
-    watch = MemWatch(probes="host", log_path=os.path.join(out, "mem.csv"), verbose=0)
-    resource.setrlimit(resource.RLIMIT_AS, (vm() + 768 * 2**20, resource.RLIM_INFINITY))
+    watch = MemWatch(probes="host", log_path="mem.csv", verbose=0)
+    cap_address_space()
     guard = oom_guard(watch)
     try:
         with guard:
@@ -287,7 +264,7 @@ CHILD = textwrap.dedent("""
         result = {"raised": type(e).__name__, "same": e is guard.error,
                   "deferred": guard.deferred, "paths": list(guard.report_paths)}
     print(json.dumps(result))
-""")
+"""
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS, /proc")
@@ -297,13 +274,7 @@ def test_a_real_allocation_failure_under_an_address_space_limit(tmp_path):
     """A step that needs more memory than the process may map: JAX raises
     RESOURCE_EXHAUSTED (when the step's results are awaited), PyTorch's CPU
     allocator a RuntimeError; the guard reports both."""
-    (tmp_path / "child.py").write_text(CHILD)
-    env = dict(os.environ, KERAS_BACKEND=BACKEND,
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, str(tmp_path / "child.py"), str(tmp_path)],
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_out_of_memory_child(tmp_path, GUARDED_FIT, BACKEND)
     expected = {"jax": "JaxRuntimeError", "torch": "RuntimeError"}[BACKEND]
     assert result["raised"] == expected and result["same"], result
     text = (tmp_path / "mem.oom.txt").read_text()
