@@ -96,8 +96,8 @@ jax_row_jobs() { local i=0 job; : > "$out/jax-row-jobs.txt"; set -f
   echo "== jax-row-jobs"; cat "$out/jax-row-jobs.txt"; }
 # a user's fit of GPT-2 base at 48 under 8 GiB (out of memory) with a
 # MemWatch and no guard: does fit raise, and does the watch say so?
-quiet_oom() { run 200 quiet-oom env KERAS_BACKEND=jax python3 -m benchmarks.gpu.quiet_oom \
-  gpt2 --size 48 --limit-mb 8192; }
+quiet_oom() { run 200 quiet-oom env KERAS_BACKEND=jax python3 -m benchmarks.gpu.plan_vs_run \
+  gpt2 --size 48 --limit-mb 8192 --watch; }
 # BERT base's ceiling of the H100 run of 2026-12-05 (47), and one size each side
 bert_jobs() { run 240 bert-jobs bash -c 'for b in 46 47 48; do KERAS_BACKEND=jax \
   python3 -m benchmarks.gpu.capacity_check trial bert $b --limit-mb 8192 & done; wait'; }
