@@ -81,14 +81,18 @@ plan_noise() { local a=${A:-34}; run 560 plan-noise bash -c "P='python3 -m \
 # GPT-2 base's JAX rows as jobs that wait for their steps (`fit_steps`;
 # the jobs before 2026-12-05's seventh session did not, and a step out of
 # memory went unseen): "setting:size" pairs in ROW_JOBS, four at a time;
-# by default the H100 table's answers and one above (SGD's answer since
-# its room was fixed is not known: 33-36; the remat rows name their layers
-# in the table's record, `ways_jax`)
+# by default the card's table answers and one above (SGD's answer since
+# its room was fixed is not known; the remat rows name their layers in the
+# table's record, `ways_jax`)
 h100_rows='{}:34 {}:35 {"sequence":128}:71 {"sequence":128}:72
   {"policy":"mixed_bfloat16"}:62 {"policy":"mixed_bfloat16"}:63
   {"optimizer":"sgd"}:33 {"optimizer":"sgd"}:34 {"optimizer":"sgd"}:35 {"optimizer":"sgd"}:36'
+h200_rows='{}:31 {}:32 {"policy":"mixed_bfloat16"}:57 {"policy":"mixed_bfloat16"}:58
+  {"optimizer":"sgd"}:31 {"optimizer":"sgd"}:32 {"optimizer":"sgd"}:33 {"optimizer":"sgd"}:34'
+card_rows() { nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 \
+  && echo "$h200_rows" || echo "$h100_rows"; }
 jax_row_jobs() { local i=0 job; : > "$out/jax-row-jobs.txt"; set -f
-  for job in ${ROW_JOBS:-$h100_rows}; do
+  for job in ${ROW_JOBS:-$(card_rows)}; do
     timeout 300 env KERAS_BACKEND=jax python3 -m benchmarks.gpu.ways_check trial gpt2 \
       --size "${job##*:}" --setting "${job%:*}" --limit-mb 8192 --steps 30 2>/dev/null \
       | tail -n 1 | sed "s/^/${job%:*} ${job##*:}: /" >> "$out/jax-row-jobs.txt" &
