@@ -21,23 +21,25 @@ RESOLUTION = 0.02
 
 def room_gap(evidence: Evidence, headroom: float
              ) -> tuple[Optional[int], Optional[int], bool]:
-    """The bracket of the answer under `headroom`: `(the largest size that
-    fits the room, the smallest above it that does not, whether that one
-    ran)`, `None` where there is none. Quick plans off the ladder say
-    nothing; those on it (the small-batch line) only fit."""
+    """The bracket of the answer under `headroom`: `(the largest size below
+    the smallest that does not fit the room, that smallest, whether it
+    ran)`, `None` where there is none. A size that fits above one that does
+    not (plans out of order near the limit) is not the answer's. Quick
+    plans off the ladder say nothing; those on it (the small-batch line)
+    only fit."""
     room = evidence.room(headroom)
     seen = [o for o in evidence.observations if o.how != AIMED or o.ladder]
+    over = [o for o in seen if o.how != AIMED
+            and (evidence.failed(o) or o.need_bytes is not None
+                 and o.need_bytes > room)]
+    high = min((o.batch_size for o in over), default=None)
     fit = [o.batch_size for o in seen if not evidence.failed(o)
+           and (high is None or o.batch_size < high)
            and (o.need_bytes is not None and o.need_bytes <= room
                 or o.need_bytes is None and headroom == 0.0 and o.ran)]
     low = max(fit, default=None)
-    over = [o for o in seen if o.how != AIMED
-            and (low is None or o.batch_size > low)
-            and (evidence.failed(o) or o.need_bytes is not None
-                 and o.need_bytes > room)]
-    if not over:
+    if high is None:
         return low, None, False
-    high = min(o.batch_size for o in over)
     ran = any(o.batch_size == high and o.ran and o.how != PLAN
               and not evidence.failed(o) for o in over)
     return low, high, ran

@@ -9,7 +9,7 @@ import pytest
 from capacity_helpers import GIB, MIB, FakeStrategy
 from keras_memwatch.capacity import search as S
 from keras_memwatch.capacity.brackets import bracketed, left_open, room_gap
-from keras_memwatch.capacity.evidence import PLAN, STEP, Evidence, Observation
+from keras_memwatch.capacity.evidence import AIMED, PLAN, STEP, Evidence, Observation
 from keras_memwatch.capacity.proposals import proposals
 
 
@@ -63,3 +63,23 @@ def test_plans_bracket_the_answer_under_headroom_too():
                         aimed=lambda b: 1.2 * planned(b))
     ev = S.Search(fake, on_gpu=True, host_largest=None).run(0.1, None)
     assert bracketed(ev, 0.1) and bracketed(ev, 0.0)
+
+
+def remat_record():
+    """JAX, GPT-2 base recomputing every layer it can under 8 GiB (H100,
+    2026-12-06): near the limit XLA's plans as `fit` compiles them are out
+    of order (29 and 30 need more than 31), and the time ran out."""
+    ladder = [Observation(b, int((1.0 + 0.18 * b) * GIB), AIMED, ladder=True)
+              for b in (1, 2, 4, 8)]
+    plans = [Observation(b, int(gib * GIB), PLAN) for b, gib in
+             ((48, 11.64), (24, 5.37), (32, 7.75), (31, 6.15), (29, 6.71), (30, 6.94))]
+    quick = [Observation(b, int(gib * GIB), AIMED) for b, gib in ((26, 5.62), (29, 6.14))]
+    return Evidence(tuple(ladder + plans + quick), 8 * GIB, int(1.4 * GIB))
+
+
+def test_where_plans_are_out_of_order_the_gap_named_is_the_answers():
+    ev = remat_record()
+    assert ev.batch_size_for(0.0) == 24
+    assert room_gap(ev, 0.0)[:2] == (24, 29)
+    said = left_open(ev, 0.0, above_limit=True, out_of_time=True)[0.0]
+    assert said == "24 fits, 29 does not: out of time"
