@@ -12,7 +12,8 @@
 #   bash benchmarks/gpu/open_issues.sh together ways_jax
 # (run on 2026-12-05: ways_room heldout_capacity heldout_jobs accumulation_edge
 # ways_resconv_torch; then phases, bert_speed, bert_jobs, ways_resconv_jax,
-# resconv_jax_edge, resconv_in_flight; docs/gpu-validation.md)
+# resconv_jax_edge, resconv_in_flight; on 2026-12-06: jax_row_jobs quiet_oom,
+# then ways_check with sgd_momentum, then remat; docs/gpu-validation.md)
 # `together` runs the named jobs side by side, then compares the two
 # by-layer runs where both ran.
 set -uo pipefail
