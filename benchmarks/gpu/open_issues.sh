@@ -82,9 +82,9 @@ plan_noise() { local a=${A:-34}; run 560 plan-noise bash -c "P='python3 -m \
 # GPT-2 base's JAX rows as jobs that wait for their steps (`fit_steps`;
 # the jobs before 2026-12-05's seventh session did not, and a step out of
 # memory went unseen): "setting:size" pairs in ROW_JOBS, four at a time;
-# by default the card's table answers and one above (SGD's answer since
-# its room was fixed is not known; the remat rows name their layers in the
-# table's record, `ways_jax`)
+# by default the card's table answers and one above, and SGD around its
+# answer (35 on the H100, run on 2026-12-06; not known on the H200); the
+# remat rows name their layers in the table's record (`ways_jax`)
 h100_rows='{}:34 {}:35 {"sequence":128}:71 {"sequence":128}:72
   {"policy":"mixed_bfloat16"}:62 {"policy":"mixed_bfloat16"}:63
   {"optimizer":"sgd"}:33 {"optimizer":"sgd"}:34 {"optimizer":"sgd"}:35 {"optimizer":"sgd"}:36'
