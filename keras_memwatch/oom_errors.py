@@ -15,7 +15,8 @@ import re
 from collections.abc import Iterator
 from typing import Optional
 
-__all__ = ["allocation_lines", "error_text", "is_oom_error", "requested_bytes"]
+__all__ = ["allocation_lines", "error_text", "first_line", "is_oom_error",
+           "requested_bytes"]
 
 #: Exception classes (by name, anywhere in the class's MRO) that always
 #: mean out of memory.
@@ -93,6 +94,12 @@ def error_text(error: BaseException) -> str:
     except Exception:  # a broken __str__ must not hide the report
         text = ""
     return _ANSI.sub("", text)
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of the error's message, at most `MAX_LINE` long."""
+    lines = error_text(error).strip().splitlines()
+    return lines[0][:MAX_LINE] if lines else ""
 
 
 def allocation_lines(error: BaseException) -> list[str]:

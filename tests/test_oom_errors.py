@@ -59,3 +59,12 @@ def test_what_each_framework_says_it_tried_to_allocate():
         "\x1b[1mDefaultCPUAllocator: can't allocate memory: you tried to allocate "
         "819200000 bytes.\x1b[0m")) == 819200000
     assert requested_bytes(MemoryError("no sizes here")) is None
+
+
+def test_first_line_is_the_message_s_first_line_cut_to_a_line():
+    from keras_memwatch.oom_errors import MAX_LINE, first_line
+
+    assert first_line(RuntimeError("\n  RESOURCE_EXHAUSTED: Out of memory\nmore")) == \
+        "RESOURCE_EXHAUSTED: Out of memory"
+    assert len(first_line(RuntimeError("x" * (MAX_LINE + 50)))) == MAX_LINE
+    assert first_line(RuntimeError("")) == ""

@@ -37,8 +37,8 @@ from typing import Any, Optional, Union
 from keras_memwatch import options
 from keras_memwatch.explain.ways_text import HINT
 from keras_memwatch.measure.batches import wait_for_steps
-from keras_memwatch.oom_errors import (MAX_LINE, allocation_lines, error_text,
-                                is_oom_error, requested_bytes)
+from keras_memwatch.oom_errors import (allocation_lines, first_line, is_oom_error,
+                                requested_bytes)
 
 logger = logging.getLogger("keras_memwatch")
 
@@ -115,12 +115,10 @@ def oom_report_text(watch: Any, error: BaseException, last_n: int = 20,
     from keras_memwatch.units import format_bytes
 
     kind = type(error)
-    first = error_text(error).strip().splitlines()
     process, count, host = _process_of(watch)
     lines = [
         "keras_memwatch: training ran out of memory",
-        f"exception: {kind.__module__}.{kind.__qualname__}: "
-        f"{first[0][:MAX_LINE] if first else ''}",
+        f"exception: {kind.__module__}.{kind.__qualname__}: {first_line(error)}",
         f"process: {process} of {count}, on {host or 'an unknown host'}",
         "",
         "What the framework says it tried to allocate, and where:",

@@ -23,7 +23,7 @@ from keras_memwatch.judge.derived import main_device
 from keras_memwatch.judge.spikes import SpikeMonitor
 from keras_memwatch.judge.step_plan import StepPlanner, attach_planner
 from keras_memwatch.measure.batches import wait_for_steps
-from keras_memwatch.oom_errors import MAX_LINE, error_text, is_oom_error
+from keras_memwatch.oom_errors import first_line, is_oom_error
 from keras_memwatch.record.batch_shapes import BatchInputs, BatchShapes
 from keras_memwatch.record.csvlog import open_log
 from keras_memwatch.record.log_stream import LogStream
@@ -216,13 +216,12 @@ def _report_failed_step(model: Any) -> None:
         wait_for_steps(model)
     except Exception as e:
         if is_oom_error(e):
-            first = (error_text(e).strip().splitlines() or [""])[0][:MAX_LINE]
             logger.error(
                 "keras_memwatch: a training step ran out of memory, and `fit` "
                 "returned without raising it (JAX reports a step's failure only "
                 "when its results are awaited). The model's weights are lost "
                 "with it. Inside `watch.guard()` it is raised, with a report. %s",
-                first)
+                first_line(e))
 
 
 def _batch_inputs(model: Any, planner: Optional[StepPlanner]) -> BatchInputs:
