@@ -45,6 +45,11 @@ differ with a note on the JAX row).
 vocabulary 8,000, sequence 64, batch 8: a CPU check, about a minute per
 backend; on PyTorch with `MALLOC_MMAP_THRESHOLD_=131072`, so that the
 host's resident memory follows the tensors alive).
+
+`--replay DIR RUNS.json` gives, on any machine, the JAX tables a GPU run
+would give with this code: each model's split reads the HLO text that run
+kept (`--hlo-dir DIR`) as XLA compiled it for the GPU, and its working
+memory from that run's `--json`.
 """
 
 from __future__ import annotations
@@ -293,6 +298,12 @@ def targets(run: dict[str, Any], agreement: Optional[tuple[int, int, int]]) -> s
     return " ".join(parts)
 
 
+def _plain_read_plan() -> Any:
+    from keras_memwatch.explain.layers import jax_plan
+
+    return getattr(jax_plan.read_plan, "__wrapped__", jax_plan.read_plan)
+
+
 def _keep_hlo(folder: str, name: str) -> None:
     """Writes the HLO text the JAX split reads to `folder/<name>.hlo.gz`."""
     import gzip
@@ -300,16 +311,45 @@ def _keep_hlo(folder: str, name: str) -> None:
 
     from keras_memwatch.explain.layers import jax_plan
 
-    read = getattr(jax_plan.read_plan, "__wrapped__", jax_plan.read_plan)
+    read = _plain_read_plan()
     os.makedirs(folder, exist_ok=True)
 
-    def keeping(hlo: str, is_loss: Any) -> Any:
+    def keeping(hlo: str, is_loss: Any, gpu: bool = False) -> Any:
         with gzip.open(os.path.join(folder, f"{name}.hlo.gz"), "wt") as f:
             f.write(hlo)
-        return read(hlo, is_loss)
+        return read(hlo, is_loss, gpu=gpu)
 
     keeping.__wrapped__ = read  # type: ignore[attr-defined]
     jax_plan.read_plan = keeping
+
+
+def _replay(folder: str, runs: str, name: str) -> None:
+    """Makes the JAX split of `name` read a GPU run's plan: its HLO text in
+    `folder/<name>.hlo.gz`, its working memory in the JSON `runs`."""
+    import gzip
+    import os
+
+    from keras_memwatch.explain.layers import jax_plan
+    from keras_memwatch.judge import xla_plan
+
+    with gzip.open(os.path.join(folder, f"{name}.hlo.gz"), "rt") as f:
+        hlo = f.read()
+    with open(runs) as f:
+        working = next(r["working_bytes"] for r in json.load(f) if r["model"] == name)
+    read, lower = _plain_read_plan(), getattr(xla_plan.lower_step, "__wrapped__",
+                                              xla_plan.lower_step)
+    state: list[int] = [0]
+
+    def replaying(_: str, is_loss: Any, gpu: bool = False) -> Any:
+        return read(hlo, is_loss, gpu=True)
+
+    def lowering(*args: Any, **kwargs: Any) -> Any:
+        lowered, state[0], rest = lower(*args, **kwargs)
+        return lowered, state[0], rest
+
+    replaying.__wrapped__, lowering.__wrapped__ = read, lower  # type: ignore
+    jax_plan.read_plan, xla_plan.lower_step = replaying, lowering
+    xla_plan.planned_bytes = lambda compiled: working + state[0]
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -327,6 +367,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="JAX: keep each model's compiled step, as the split "
                              "read it, in DIR/<model>.hlo.gz (to read it again "
                              "elsewhere with jax_plan.read_plan)")
+    parser.add_argument("--replay", nargs=2, default=None, metavar=("DIR", "JSON"),
+                        help="JAX: split each model as a GPU run compiled it "
+                             "(its --hlo-dir and --json)")
     args = parser.parse_args(argv)
     if args.compare:
         compare(*args.compare)
@@ -336,6 +379,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     for name in args.models.split(","):
         if args.hlo_dir:
             _keep_hlo(args.hlo_dir, name)
+        if args.replay:
+            _replay(*args.replay, name)
         run = split(name, sizes[name], args.top, warm=not args.cold)
         runs.append(run)
         print(json.dumps({k: v for k, v in run.items() if k != "rows"}), flush=True)

@@ -176,7 +176,7 @@ def test_jax_says_so_when_the_plan_cannot_be_read_and_uses_the_shapes(
         monkeypatch, caplog):
     from keras_memwatch.explain.layers import jax_plan
 
-    def unreadable(hlo, is_loss):
+    def unreadable(hlo, is_loss, gpu=False):
         raise ValueError("an HLO text this parser does not know")
 
     monkeypatch.setattr(jax_plan, "read_plan", unreadable)

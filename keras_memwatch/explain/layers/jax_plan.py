@@ -56,8 +56,19 @@ _OPERAND = re.compile(r"%([\w.\-]+)")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _CALLS = re.compile(r"(?:calls|to_apply|async_execution_thread_calls)=%([\w.\-]+)")
 _INDEX = re.compile(r"index=(\d+)")
+_KIND = re.compile(r"kind=(\w+)")
 _SCOPE = re.compile(r"(?:transpose\()?jvp\(([^()]*)\)\)?(/.*)?$")
 _ALIASES = ("bitcast", "get-tuple-element")
+# Elementwise on every operand: a fusion's parameter that reaches an output
+# through these and bitcasts alone may share that output's buffer.
+_ELEMENTWISE = frozenset({
+    "abs", "add", "and", "atan2", "bitcast-convert", "cbrt", "ceil", "clamp",
+    "compare", "complex", "convert", "cosine", "divide", "erf", "exponential",
+    "exponential-minus-one", "floor", "imag", "is-finite", "log", "log-plus-one",
+    "logistic", "maximum", "minimum", "multiply", "negate", "not", "or", "popcnt",
+    "power", "real", "reduce-precision", "remainder", "round-nearest-afz",
+    "round-nearest-even", "rsqrt", "select", "shift-left", "shift-right-arithmetic",
+    "shift-right-logical", "sign", "sine", "sqrt", "subtract", "tan", "tanh", "xor"})
 _NOT_ACTIVATIONS = ("parameter", "constant", "tuple", "after-all")
 
 
@@ -104,7 +115,8 @@ class Instruction(NamedTuple):
     """One instruction of an HLO computation: the buffer name it defines,
     its shape text, its opcode, the names it reads, the op metadata's name
     (its Keras name scope, where it has one), the computations it calls,
-    and its tuple index (a `get-tuple-element`'s; else -1)."""
+    its index (a `get-tuple-element`'s tuple index, a `parameter`'s
+    number; else -1) and a fusion's kind (`"kLoop"`, `"kInput"`)."""
 
     name: str
     shape: str
@@ -113,6 +125,7 @@ class Instruction(NamedTuple):
     op_name: str
     calls: tuple[str, ...] = ()
     index: int = -1
+    kind: str = ""
 
 
 def _computations(hlo: str) -> tuple[dict[str, list[Instruction]], str]:
@@ -144,10 +157,14 @@ def _computations(hlo: str) -> tuple[dict[str, list[Instruction]], str]:
         close = _closing(rest, open_at)
         op_name = _OP_NAME.search(rest)
         index = _INDEX.search(rest[close:]) if opcode == "get-tuple-element" else None
+        number = rest[open_at + 1:close] if opcode == "parameter" else ""
+        kind = _KIND.search(rest[close:]) if opcode == "fusion" else None
         out[current].append(Instruction(
             name.lstrip("%"), shape, opcode, _OPERAND.findall(rest[open_at:close]),
             op_name.group(1) if op_name else "",
-            tuple(_CALLS.findall(rest[close:])), int(index.group(1)) if index else -1))
+            tuple(_CALLS.findall(rest[close:])),
+            int(index.group(1)) if index else int(number) if number.isdigit() else -1,
+            kind.group(1) if kind else ""))
     return out, entry
 
 
@@ -210,6 +227,13 @@ class _Buffer:
     last_read: int
     readers: set = dataclasses.field(default_factory=set)
     element: int = 0  # which element of its instruction's result it is
+    shape: str = ""  # its array's shape text: `f32[8,512]{1,0}`
+    in_place: bool = False  # its last reader writes a result into it
+
+    @property
+    def end(self) -> int:
+        """The first instruction that runs without it."""
+        return self.last_read if self.in_place else self.last_read + 1
 
 
 @dataclasses.dataclass
@@ -289,6 +313,92 @@ def _fused_scopes(computations: dict[str, list[Instruction]], name: str,
     return memo[name]
 
 
+def _writes_in_place(computations: dict[str, list[Instruction]],
+                     fusion: Instruction, operand: int, element: int,
+                     gpu: bool) -> bool:
+    """Whether XLA's buffer assignment may write element `element` of a
+    fusion's result into the buffer of its operand `operand`, where the
+    operand dies. On a GPU (XLA's `FusionCanShareBufferHint`) the fused
+    parameter reaches that output through elementwise work and bitcasts
+    alone, an input fusion's reduction (computed first) aside; elsewhere
+    (`CanShareOperandBufferWithUser`) every use of it is elementwise."""
+    if fusion.kind not in ("kLoop", "kInput") and not gpu:
+        return False
+    body = computations.get(fusion.calls[0]) if fusion.calls else None
+    param = next((i for i in body or () if i.opcode == "parameter"
+                  and i.index == operand), None)
+    if param is None:
+        return False
+    local = {i.name: i for i in body}
+    root = body[-1]
+    outputs = root.operands if root.opcode == "tuple" else [root.name]
+    output = local.get(outputs[element]) if element < len(outputs) else None
+    if output is None:
+        return False
+    core = (local.get(output.operands[0], output)
+            if output.opcode == "bitcast" and output.operands else output)
+    single = root.opcode != "tuple"
+    if not single and core.opcode not in _ELEMENTWISE:
+        return False
+    users: dict[str, list[Instruction]] = {}
+    for ins in body:
+        for name in dict.fromkeys(ins.operands):
+            users.setdefault(name, []).append(ins)
+    todo, seen, found = [param], {param.name}, False
+    while todo:
+        current = todo.pop()
+        found = found or current is output
+        for user in users.get(current.name, ()):
+            if gpu and user.opcode == "reduce" and fusion.kind == "kInput":
+                continue
+            in_place = (single and user is core
+                        and user.opcode in ("scatter", "dynamic-update-slice")
+                        and user.operands[:1] == [current.name])
+            if not (user.opcode in _ELEMENTWISE or user.opcode == "tuple"
+                    or gpu and (in_place or user.opcode == "bitcast")):
+                return False
+            if user.name not in seen:
+                seen.add(user.name)
+                todo.append(user)
+    return found
+
+
+def _same_room(shape: str, other: str, gpu: bool) -> bool:
+    """Whether two arrays' shapes allow one buffer for both."""
+    if shape == other or not gpu:
+        return shape == other
+    a, b = _ARRAY.match(shape), _ARRAY.match(other)
+    return bool(a and b) and _BYTES.get(a.group(1), 4) == _BYTES.get(
+        b.group(1), 4) and _bytes(shape) == _bytes(other)
+
+
+def _share_in_place(computations: dict[str, list[Instruction]],
+                    resolved: list[tuple[Instruction, list[str]]],
+                    buffers: dict[str, list[str]], made: dict[str, _Buffer],
+                    gpu: bool) -> None:
+    """Marks each buffer that a fusion, its last reader, overwrites with a
+    result (`_writes_in_place`), one operand an output: of the same shape,
+    or on a GPU of as many elements of as many bytes."""
+    for i, (ins, _) in enumerate(resolved):
+        if ins.opcode != "fusion":
+            continue
+        taken: set[str] = set()
+        for out in buffers.get(ins.name, ()):
+            result = made[out]
+            for index, operand in enumerate(ins.operands):
+                named = buffers.get(operand, ())
+                if named != [f"{operand}#0"] or named[0] in taken:
+                    continue  # made elsewhere: through an alias, no sharing
+                buffer = made[named[0]]
+                if (buffer.last_read == i and not buffer.in_place and result.size
+                        and _same_room(buffer.shape, result.shape, gpu)
+                        and _writes_in_place(computations, ins, index,
+                                             result.element, gpu)):
+                    buffer.in_place = True
+                    taken.add(named[0])
+                    break
+
+
 def _nearest(ins: Instruction, table: dict[str, Instruction]) -> str:
     """The op name of `ins`, else of its nearest operand (breadth first)
     in `table` that has one; `""` where none has."""
@@ -353,14 +463,16 @@ def _resolved(computations: dict[str, list[Instruction]], entry: str
     return out
 
 
-def read_plan(hlo: str, is_loss: Callable[[Optional[str]], bool]
-              ) -> Optional[Plan]:
+def read_plan(hlo: str, is_loss: Callable[[Optional[str]], bool],
+              gpu: bool = False) -> Optional[Plan]:
     """Splits a compiled train step's optimized HLO text (see the module's
     docstring).
 
     Args:
         hlo: the text (`compiled.as_text()`).
         is_loss: whether a name scope is the loss's.
+        gpu: whether XLA compiled the text for a GPU (its rules for writing
+            a fusion's result into an operand's buffer).
 
     Returns:
         The `Plan`, or None where the program has no backward pass.
@@ -401,20 +513,21 @@ def read_plan(hlo: str, is_loss: Callable[[Optional[str]], bool]
                 start = ins.opcode.endswith("-start") and k == 0
                 size = 0 if start or shape.startswith("(") else _bytes(shape)
                 made[f"{ins.name}#{k}"] = _Buffer(i, size, op_names[k], i,
-                                                  element=k)
+                                                  element=k, shape=shape)
         for operand in ins.operands:
             for b in buffers.get(operand, ()):
                 made[b].last_read = i
                 made[b].readers.update((_phase(n), _scope(n)) for n in op_names)
     for b in buffers.get(resolved[-1][0].name, ()):
         made[b].last_read = len(resolved)
+    _share_in_place(computations, resolved, buffers, made, gpu)
     n = len(resolved) + 2
     change, loss_change, grad_change = [0] * n, [0] * n, [0] * n
     kept: dict[Optional[str], int] = {}
     fused: list[tuple[Optional[str], int, frozenset]] = []
     for buffer in made.values():
         change[buffer.made_at] += buffer.size
-        change[buffer.last_read + 1] -= buffer.size
+        change[buffer.end] -= buffer.size
         phase, scope = _phase(buffer.op_name), _scope(buffer.op_name)
         passes = {(p, s) for p, s in buffer.readers if p in ("forward", "backward")}
         if phase == "backward" and is_loss(scope):
@@ -435,7 +548,7 @@ def read_plan(hlo: str, is_loss: Callable[[Optional[str]], bool]
                     fused.append((scope, buffer.size, work))
             continue
         into[buffer.made_at] += buffer.size
-        into[buffer.last_read + 1] -= buffer.size
+        into[buffer.end] -= buffer.size
     # The update: what runs after the backward pass's last instruction.
     last_backward = max(i for i, p in enumerate(phases) if p == "backward")
     live = loss_live = grad_live = peak = peak_at = passes_peak = 0
@@ -453,7 +566,7 @@ def read_plan(hlo: str, is_loss: Callable[[Optional[str]], bool]
     other: dict[str, int] = {}
     for buffer in made.values():
         if (_phase(buffer.op_name) == "other"
-                and buffer.made_at <= peak_at <= buffer.last_read):
+                and buffer.made_at <= peak_at < buffer.end):
             key = _outer(buffer.op_name)
             other[key] = other.get(key, 0) + buffer.size
     phase = "update" if peak_at > last_backward else next(

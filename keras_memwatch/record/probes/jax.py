@@ -20,9 +20,8 @@ from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
 from keras_memwatch import columns
+from keras_memwatch.configure.jax import GPU_PLATFORMS
 from keras_memwatch.record.probes.base import Probe, ProbeUnavailable, Reading
-
-_GPU_PLATFORMS = frozenset({"gpu", "cuda", "rocm"})
 
 
 class JaxProbe(Probe):
@@ -58,7 +57,7 @@ class JaxProbe(Probe):
             devices = jax.local_devices()
         except Exception as e:  # backend initialisation errors
             raise ProbeUnavailable(f"JAX could not list its devices: {e}") from None
-        gpus = [d for d in devices if str(d.platform).lower() in _GPU_PLATFORMS]
+        gpus = [d for d in devices if str(d.platform).lower() in GPU_PLATFORMS]
         if not gpus:
             platforms = sorted({str(d.platform) for d in devices}) or ["none"]
             raise ProbeUnavailable(
@@ -142,7 +141,7 @@ def local_gpu_names() -> tuple[str, ...]:
     import jax
 
     gpus = [d for d in jax.local_devices()
-            if str(d.platform).lower() in _GPU_PLATFORMS]
+            if str(d.platform).lower() in GPU_PLATFORMS]
     return tuple(sorted(_names(gpus), key=lambda n: int(n[4:])))
 
 
