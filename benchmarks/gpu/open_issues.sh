@@ -51,7 +51,7 @@ ways_room() { run 200 ways-room env KERAS_BACKEND=torch python3 -m benchmarks.gp
 # takes two calls on a warm machine: the rows that fit the time, kept in one
 # cache; then the table again from it (the warm time), the rows left, and
 # every row's jobs
-jax_levers=remat,remat_layers,mixed_precision,sgd_momentum,shorter_sequence
+jax_levers=${JAX_LEVERS:-remat,remat_layers,mixed_precision,sgd_momentum,shorter_sequence}
 ways_jax_table() { run 580 ways-jax-table env KERAS_BACKEND=jax python3 -m \
   benchmarks.gpu.ways_check gpt2 --limit-mb 8192 --batch 48 --levers $jax_levers \
   --no-combinations --max-seconds 520 --compilation-cache "$cache/jax-cache"; }
