@@ -4,6 +4,9 @@
 - `shapes`: every layer's outputs at a batch size, from a symbolic call;
 - `torch_saved`: PyTorch, the bytes autograd saves for the backward pass,
   per layer, measured;
+- `hlo_text`: the text of XLA's optimized program, parsed;
+- `buffer_sharing`: where XLA writes a fusion's result into an operand's
+  buffer;
 - `jax_plan`: JAX, the buffers XLA's compiled step keeps for the backward
   pass, per name scope;
 - `steps`: one training step per backend, split into the layers' rows and

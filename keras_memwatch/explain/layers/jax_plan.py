@@ -11,7 +11,9 @@ update and the metrics carry their own scopes (`adam_w/...`).
 `read_plan` follows every buffer of the schedule from the instruction that
 makes it to its last reader (an alias's readers are its buffer's; each
 element of a tuple is a buffer of its own, as in XLA's buffer assignment;
-the program's outputs live to its end) and gives:
+the program's outputs live to its end; a fusion that overwrites an
+operand dying in it writes into that operand's buffer, by XLA's rules,
+as a GPU writes the gradient of the logits into the logits') and gives:
 
 - what each name scope keeps for the backward pass: the buffers made by
   the forward pass that an instruction of the backward pass reads. That
@@ -44,128 +46,17 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Sequence
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, Optional
+
+from keras_memwatch.explain.layers.buffer_sharing import same_room, writes_in_place
+from keras_memwatch.explain.layers.hlo_text import (
+    Instruction, array_bytes, computations as parsed, tuple_elements)
 
 __all__ = ["Plan", "read_plan", "row_of"]
 
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
-          "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8,
-          "c128": 16}
-_ARRAY = re.compile(r"([a-z]\w*)\[([\d,]*)\]")
-_OPERAND = re.compile(r"%([\w.\-]+)")
-_OP_NAME = re.compile(r'op_name="([^"]*)"')
-_CALLS = re.compile(r"(?:calls|to_apply|async_execution_thread_calls)=%([\w.\-]+)")
-_INDEX = re.compile(r"index=(\d+)")
-_KIND = re.compile(r"kind=(\w+)")
 _SCOPE = re.compile(r"(?:transpose\()?jvp\(([^()]*)\)\)?(/.*)?$")
 _ALIASES = ("bitcast", "get-tuple-element")
-# Elementwise on every operand: a fusion's parameter that reaches an output
-# through these and bitcasts alone may share that output's buffer.
-_ELEMENTWISE = frozenset({
-    "abs", "add", "and", "atan2", "bitcast-convert", "cbrt", "ceil", "clamp",
-    "compare", "complex", "convert", "cosine", "divide", "erf", "exponential",
-    "exponential-minus-one", "floor", "imag", "is-finite", "log", "log-plus-one",
-    "logistic", "maximum", "minimum", "multiply", "negate", "not", "or", "popcnt",
-    "power", "real", "reduce-precision", "remainder", "round-nearest-afz",
-    "round-nearest-even", "rsqrt", "select", "shift-left", "shift-right-arithmetic",
-    "shift-right-logical", "sign", "sine", "sqrt", "subtract", "tan", "tanh", "xor"})
 _NOT_ACTIVATIONS = ("parameter", "constant", "tuple", "after-all")
-
-
-def _closing(text: str, start: int) -> int:
-    """Index of the parenthesis closing the one at `start`."""
-    depth = 0
-    for i in range(start, len(text)):
-        if text[i] == "(":
-            depth += 1
-        elif text[i] == ")":
-            depth -= 1
-            if depth == 0:
-                return i
-    return len(text)
-
-
-def _bytes(shape: str) -> int:
-    total = 0
-    for dtype, dims in _ARRAY.findall(shape):
-        size = _BYTES.get(dtype, 4)
-        for d in filter(None, dims.split(",")):
-            size *= int(d)
-        total += size
-    return total
-
-
-def _elements(shape: str) -> list[str]:
-    """The top-level elements of a tuple shape (`(f32[2], s8[8])`)."""
-    if not shape.startswith("("):
-        return [shape]
-    out, depth, begin = [], 0, 1
-    for i, ch in enumerate(shape):
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        if (ch == "," and depth == 1) or (depth == 0 and i == len(shape) - 1):
-            out.append(shape[begin:i].strip())
-            begin = i + 1
-    return [e for e in out if e]
-
-
-class Instruction(NamedTuple):
-    """One instruction of an HLO computation: the buffer name it defines,
-    its shape text, its opcode, the names it reads, the op metadata's name
-    (its Keras name scope, where it has one), the computations it calls,
-    its index (a `get-tuple-element`'s tuple index, a `parameter`'s
-    number; else -1) and a fusion's kind (`"kLoop"`, `"kInput"`)."""
-
-    name: str
-    shape: str
-    opcode: str
-    operands: list[str]
-    op_name: str
-    calls: tuple[str, ...] = ()
-    index: int = -1
-    kind: str = ""
-
-
-def _computations(hlo: str) -> tuple[dict[str, list[Instruction]], str]:
-    """Each computation's instructions, in order (the entry's in schedule
-    order; its root last), and the entry's name."""
-    out: dict[str, list[Instruction]] = {}
-    entry, current = "", None
-    for line in hlo.split("\n"):
-        if current is None:
-            head = line.split(" ", 2)
-            if line.endswith("{") and len(head) > 1 and (
-                    line.startswith("%") or line.startswith("ENTRY ")):
-                name = head[1] if head[0] == "ENTRY" else head[0]
-                current = name.lstrip("%")
-                out[current] = []
-                if head[0] == "ENTRY":
-                    entry = current
-            continue
-        if line.startswith("}"):
-            current = None
-            continue
-        if " = " not in line:
-            continue
-        name, rest = line.strip().removeprefix("ROOT ").split(" = ", 1)
-        end = _closing(rest, 0) + 1 if rest.startswith("(") else rest.find(" ")
-        shape, rest = rest[:end], rest[end:].strip()
-        opcode = rest.split("(", 1)[0]
-        open_at = len(opcode)
-        close = _closing(rest, open_at)
-        op_name = _OP_NAME.search(rest)
-        index = _INDEX.search(rest[close:]) if opcode == "get-tuple-element" else None
-        number = rest[open_at + 1:close] if opcode == "parameter" else ""
-        kind = _KIND.search(rest[close:]) if opcode == "fusion" else None
-        out[current].append(Instruction(
-            name.lstrip("%"), shape, opcode, _OPERAND.findall(rest[open_at:close]),
-            op_name.group(1) if op_name else "",
-            tuple(_CALLS.findall(rest[close:])),
-            int(index.group(1)) if index else int(number) if number.isdigit() else -1,
-            kind.group(1) if kind else ""))
-    return out, entry
 
 
 def _scope(op_name: str) -> Optional[str]:
@@ -313,72 +204,12 @@ def _fused_scopes(computations: dict[str, list[Instruction]], name: str,
     return memo[name]
 
 
-def _writes_in_place(computations: dict[str, list[Instruction]],
-                     fusion: Instruction, operand: int, element: int,
-                     gpu: bool) -> bool:
-    """Whether XLA's buffer assignment may write element `element` of a
-    fusion's result into the buffer of its operand `operand`, where the
-    operand dies. On a GPU (XLA's `FusionCanShareBufferHint`) the fused
-    parameter reaches that output through elementwise work and bitcasts
-    alone, an input fusion's reduction (computed first) aside; elsewhere
-    (`CanShareOperandBufferWithUser`) every use of it is elementwise."""
-    if fusion.kind not in ("kLoop", "kInput") and not gpu:
-        return False
-    body = computations.get(fusion.calls[0]) if fusion.calls else None
-    param = next((i for i in body or () if i.opcode == "parameter"
-                  and i.index == operand), None)
-    if param is None:
-        return False
-    local = {i.name: i for i in body}
-    root = body[-1]
-    outputs = root.operands if root.opcode == "tuple" else [root.name]
-    output = local.get(outputs[element]) if element < len(outputs) else None
-    if output is None:
-        return False
-    core = (local.get(output.operands[0], output)
-            if output.opcode == "bitcast" and output.operands else output)
-    single = root.opcode != "tuple"
-    if not single and core.opcode not in _ELEMENTWISE:
-        return False
-    users: dict[str, list[Instruction]] = {}
-    for ins in body:
-        for name in dict.fromkeys(ins.operands):
-            users.setdefault(name, []).append(ins)
-    todo, seen, found = [param], {param.name}, False
-    while todo:
-        current = todo.pop()
-        found = found or current is output
-        for user in users.get(current.name, ()):
-            if gpu and user.opcode == "reduce" and fusion.kind == "kInput":
-                continue
-            in_place = (single and user is core
-                        and user.opcode in ("scatter", "dynamic-update-slice")
-                        and user.operands[:1] == [current.name])
-            if not (user.opcode in _ELEMENTWISE or user.opcode == "tuple"
-                    or gpu and (in_place or user.opcode == "bitcast")):
-                return False
-            if user.name not in seen:
-                seen.add(user.name)
-                todo.append(user)
-    return found
-
-
-def _same_room(shape: str, other: str, gpu: bool) -> bool:
-    """Whether two arrays' shapes allow one buffer for both."""
-    if shape == other or not gpu:
-        return shape == other
-    a, b = _ARRAY.match(shape), _ARRAY.match(other)
-    return bool(a and b) and _BYTES.get(a.group(1), 4) == _BYTES.get(
-        b.group(1), 4) and _bytes(shape) == _bytes(other)
-
-
 def _share_in_place(computations: dict[str, list[Instruction]],
                     resolved: list[tuple[Instruction, list[str]]],
                     buffers: dict[str, list[str]], made: dict[str, _Buffer],
                     gpu: bool) -> None:
     """Marks each buffer that a fusion, its last reader, overwrites with a
-    result (`_writes_in_place`), one operand an output: of the same shape,
-    or on a GPU of as many elements of as many bytes."""
+    result (`buffer_sharing`), one operand an output."""
     for i, (ins, _) in enumerate(resolved):
         if ins.opcode != "fusion":
             continue
@@ -391,9 +222,9 @@ def _share_in_place(computations: dict[str, list[Instruction]],
                     continue  # made elsewhere: through an alias, no sharing
                 buffer = made[named[0]]
                 if (buffer.last_read == i and not buffer.in_place and result.size
-                        and _same_room(buffer.shape, result.shape, gpu)
-                        and _writes_in_place(computations, ins, index,
-                                             result.element, gpu)):
+                        and same_room(buffer.shape, result.shape, gpu)
+                        and writes_in_place(computations, ins, index,
+                                            result.element, gpu)):
                     buffer.in_place = True
                     taken.add(named[0])
                     break
@@ -443,7 +274,7 @@ def _resolved(computations: dict[str, list[Instruction]], entry: str
     out: list[tuple[Instruction, list[str]]] = []
     names: dict[str, list[str]] = {}
     for ins in instructions:
-        count = len(_elements(ins.shape))
+        count = len(tuple_elements(ins.shape))
         if ins.op_name:
             op_names = [ins.op_name] * count
         elif ins.calls:
@@ -477,7 +308,7 @@ def read_plan(hlo: str, is_loss: Callable[[Optional[str]], bool],
     Returns:
         The `Plan`, or None where the program has no backward pass.
     """
-    computations, entry = _computations(hlo)
+    computations, entry = parsed(hlo)
     resolved = _resolved(computations, entry)
     if not any(_phase(n) == "backward" for _, names in resolved for n in names):
         return None
@@ -505,13 +336,13 @@ def read_plan(hlo: str, is_loss: Callable[[Optional[str]], bool],
         elif ins.opcode in _NOT_ACTIVATIONS:
             buffers[ins.name] = []
         else:
-            shapes = _elements(ins.shape)
+            shapes = tuple_elements(ins.shape)
             buffers[ins.name] = [f"{ins.name}#{k}" for k in range(len(shapes))]
             for k, shape in enumerate(shapes):
                 # An asynchronous start's first element is its operands:
                 # other buffers, not bytes of its own.
                 start = ins.opcode.endswith("-start") and k == 0
-                size = 0 if start or shape.startswith("(") else _bytes(shape)
+                size = 0 if start or shape.startswith("(") else array_bytes(shape)
                 made[f"{ins.name}#{k}"] = _Buffer(i, size, op_names[k], i,
                                                   element=k, shape=shape)
         for operand in ins.operands:
