@@ -138,3 +138,28 @@ def test_pytorch_measures_each_layers_forward_and_backward_pass():
     # The loss's backward pass: from its gradient to the logits' (at least
     # the gradient of the logits).
     assert table.loc[LOSS, "measured_backward_bytes"] >= 16 * 10 * 4
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="XLA's plan of the JAX step")
+def test_jax_splits_a_language_models_step_from_xlas_gpu_plan():
+    """The split reads the plan XLA compiled for the GPU (not the shapes it
+    falls back to), and the loss row holds the logits at least once,
+    whether or not XLA writes their gradient into their buffer."""
+    from keras_memwatch import memory_by_layer
+    from keras_memwatch.explain.layers import LOSS, STEP_ROWS
+
+    batch, seq, vocab = 8, 128, 32000
+    model = keras.Sequential([
+        keras.Input((seq,), dtype="int32"),
+        keras.layers.Embedding(vocab, 128, name="embed"),
+        keras.layers.Dense(256, activation="gelu", name="hidden"),
+        keras.layers.Dense(vocab, name="logits"),
+    ])
+    model.compile("adamw", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, vocab, (batch, seq)).astype("int32")
+    table = memory_by_layer(model, tokens, tokens).set_index("layer")
+    print("\n" + table[["working_bytes", "activation_bytes", "source"]].to_string())
+    assert set(table.drop(index=list(STEP_ROWS))["source"]) == {"plan"}
+    assert table.loc[LOSS, "working_bytes"] >= batch * seq * vocab * 4
+    assert table["working_bytes"].sum() == table.attrs["working_bytes"]
