@@ -343,6 +343,12 @@ class ShorterSequence(Lever):
         return (f"the model sees {self.length(s)} tokens of context instead of "
                 f"{token_length(s.data)}; a step trains on half the tokens")
 
+    def failure_hint(self, error: BaseException) -> str:
+        if "is incompatible with the layer" not in str(error):
+            return ""
+        return ("the model's inputs are built for one length: build them with "
+                "`keras.Input((None,), dtype=\"int32\")` to train on any length")
+
 
 def changes(group: list[Lever], s: Situation) -> str:
     """The code to write for the levers of `group`, one after another; where

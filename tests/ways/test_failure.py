@@ -53,3 +53,15 @@ def test_a_reraise_that_fails_gives_the_error_it_was_handling():
 def test_other_errors_keep_their_first_sentence():
     words = failure_words(RuntimeError("Out of memory. Tried to allocate 2 GiB."))
     assert words == "not measured: RuntimeError: Out of memory"
+
+
+def test_a_model_built_for_one_length_is_told_how_to_take_any():
+    from keras_memwatch.ways.levers import ShorterSequence
+
+    error = ValueError("Input 0 with name 'input_layer' of layer 'functional' is "
+                       "incompatible with the layer: expected shape=(None, 64), "
+                       "found shape=(1, 32)")
+    words = failure_words(error, ShorterSequence())
+    assert words.startswith("not measured: ValueError: Input 0 with name")
+    assert words.endswith('build them with `keras.Input((None,), dtype="int32")` '
+                          "to train on any length")
