@@ -31,7 +31,12 @@ JAX_MEM_FRACTION_VAR = "XLA_CLIENT_MEM_FRACTION"
 JAX_LEGACY_MEM_FRACTION_VAR = "XLA_PYTHON_CLIENT_MEM_FRACTION"
 JAX_ALLOCATOR_VAR = "XLA_PYTHON_CLIENT_ALLOCATOR"
 
-GPU_PLATFORMS = frozenset({"cuda", "rocm", "gpu"})  # JAX's names of GPU platforms
+_GPU_PLATFORMS = frozenset({"cuda", "rocm", "gpu"})  # JAX's names of GPU platforms
+
+
+def is_gpu(device: object) -> bool:
+    """Whether a JAX device is a GPU."""
+    return str(getattr(device, "platform", "")).lower() in _GPU_PLATFORMS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,14 +49,14 @@ class _Runtime:
     @property
     def gpu_backend(self) -> bool:
         """Whether a GPU platform is among the initialised ones."""
-        return bool(self.platforms and GPU_PLATFORMS & set(self.platforms))
+        return bool(self.platforms and _GPU_PLATFORMS & set(self.platforms))
 
 
 def configure_jax(request: Request) -> MemoryConfig:
     """Sets JAX's environment variables for `request`; see `configure_memory`."""
     allow_growth, memory_limit_mb = request.allow_growth, request.memory_limit_mb
     platforms = _platforms_setting()
-    if platforms and not GPU_PLATFORMS & {p.strip() for p in platforms.split(",")}:
+    if platforms and not _GPU_PLATFORMS & {p.strip() for p in platforms.split(",")}:
         why = f"JAX is restricted to platforms {platforms!r} (JAX_PLATFORMS)"
         return MemoryConfig("jax", allow_growth, memory_limit_mb, note=why)
     runtime = _runtime()

@@ -136,3 +136,13 @@ def test_jax_without_gpu_is_a_logged_no_op() -> None:
     )
     if not result.get("checked"):
         pytest.skip(f"an NVIDIA GPU is visible here (NVML: {result['nvml']})")
+
+
+def test_a_device_is_a_gpu_by_any_of_jaxs_names_for_one():
+    from types import SimpleNamespace
+
+    from keras_memwatch.configure.jax import is_gpu
+
+    assert all(is_gpu(SimpleNamespace(platform=p)) for p in ("gpu", "cuda", "ROCm"))
+    assert not any(is_gpu(SimpleNamespace(platform=p)) for p in ("cpu", "tpu"))
+    assert not is_gpu(object())

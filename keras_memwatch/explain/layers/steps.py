@@ -175,7 +175,7 @@ def jax_step(model: Any, batch: tuple[Any, Any], size: int,
     """The table of XLA's compiled plan of `fit`'s step (`"plan"`)."""
     import jax
 
-    from keras_memwatch.configure.jax import GPU_PLATFORMS
+    from keras_memwatch.configure.jax import is_gpu
     from keras_memwatch.explain.layers import jax_plan
     from keras_memwatch.judge import xla_plan
 
@@ -190,9 +190,9 @@ def jax_step(model: Any, batch: tuple[Any, Any], size: int,
         return (scope is not None and jax_plan.row_of(scope, paths, model.name) is None
                 and "loss" in scope.split("/", 1)[0])
 
-    gpu = str(jax.devices()[0].platform).lower() in GPU_PLATFORMS
     try:
-        plan = jax_plan.read_plan(compiled.as_text(), is_loss, gpu=gpu)
+        plan = jax_plan.read_plan(compiled.as_text(), is_loss,
+                                  gpu=is_gpu(jax.devices()[0]))
     except Exception as e:  # an HLO text this parser does not know: shapes instead
         logger.warning("memory_by_layer: XLA's plan could not be read (%s: %s); "
                        "the rows are read from the layers' output shapes",

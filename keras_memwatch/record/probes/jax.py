@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
 from keras_memwatch import columns
-from keras_memwatch.configure.jax import GPU_PLATFORMS
+from keras_memwatch.configure.jax import is_gpu
 from keras_memwatch.record.probes.base import Probe, ProbeUnavailable, Reading
 
 
@@ -57,7 +57,7 @@ class JaxProbe(Probe):
             devices = jax.local_devices()
         except Exception as e:  # backend initialisation errors
             raise ProbeUnavailable(f"JAX could not list its devices: {e}") from None
-        gpus = [d for d in devices if str(d.platform).lower() in GPU_PLATFORMS]
+        gpus = [d for d in devices if is_gpu(d)]
         if not gpus:
             platforms = sorted({str(d.platform) for d in devices}) or ["none"]
             raise ProbeUnavailable(
@@ -140,8 +140,7 @@ def local_gpu_names() -> tuple[str, ...]:
     (none when it computes on the CPU)."""
     import jax
 
-    gpus = [d for d in jax.local_devices()
-            if str(d.platform).lower() in GPU_PLATFORMS]
+    gpus = [d for d in jax.local_devices() if is_gpu(d)]
     return tuple(sorted(_names(gpus), key=lambda n: int(n[4:])))
 
 
