@@ -214,12 +214,21 @@ HUB = {"gpt2": dict(vocabulary_size=50257, num_layers=12, num_heads=12,
        # rotary positions, gated feed-forward), AdamW
        "llama_cpu": dict(vocabulary_size=2000, num_layers=2, num_query_heads=4,
                          num_key_value_heads=2, hidden_dim=128, intermediate_dim=256,
-                         max_sequence_length=128)}
+                         max_sequence_length=128),
+       # written after ways_to_fit's GPU tables (2026-12-06), to check them on
+       # a model they were not tuned on: Phi-3 (rotary positions, fused
+       # gate and up projection, untied logits, no dropout), AdamW
+       "phi3": dict(vocabulary_size=32064, num_layers=6, num_query_heads=16,
+                    num_key_value_heads=16, hidden_dim=1024, intermediate_dim=2816,
+                    max_sequence_length=256),
+       "phi3_tiny": dict(vocabulary_size=500, num_layers=2, num_query_heads=2,
+                         num_key_value_heads=2, hidden_dim=32, intermediate_dim=64,
+                         max_sequence_length=32)}
 
 
 def build_hub(name: str) -> Any:
     """keras-hub's GPT2CausalLM (AdamW), OPTCausalLM (Lion), LlamaCausalLM
-    (AdamW) or BertTextClassifier (Adam), without preprocessors: token ids
+    (AdamW), Phi3CausalLM (AdamW) or BertTextClassifier (Adam), without preprocessors: token ids
     in, as a trained pipeline feeds them."""
     import keras
     import keras_hub
@@ -239,6 +248,10 @@ def build_hub(name: str) -> Any:
         model = keras_hub.models.LlamaCausalLM(
             backbone=keras_hub.models.LlamaBackbone(**c), preprocessor=None)
         model.compile(optimizer=keras.optimizers.AdamW(1e-3), loss=loss)
+    elif name.startswith("phi3"):
+        model = keras_hub.models.Phi3CausalLM(
+            backbone=keras_hub.models.Phi3Backbone(**c), preprocessor=None)
+        model.compile(optimizer=keras.optimizers.AdamW(1e-4), loss=loss)
     else:
         model = keras_hub.models.BertTextClassifier(
             backbone=keras_hub.models.BertBackbone(**c), num_classes=4,
@@ -255,7 +268,7 @@ def hub_data(name: str, n: int) -> tuple[Any, Any]:
     seq = c["max_sequence_length"]
     tokens = rng.integers(0, c["vocabulary_size"], size=(n, seq + 1)).astype("int32")
     mask = np.ones((n, seq), bool)
-    if name.startswith(("gpt2", "opt", "llama")):
+    if name.startswith(("gpt2", "opt", "llama", "phi3")):
         return {"token_ids": tokens[:, :-1], "padding_mask": mask}, tokens[:, 1:]
     return ({"token_ids": tokens[:, :-1], "segment_ids": np.zeros((n, seq), "int32"),
              "padding_mask": mask}, rng.integers(0, 4, size=n).astype("int32"))

@@ -19,7 +19,11 @@ rest's share of the step's working memory, the rows' sum against the step
 - `gemma`: held out from every change before 2026-12-05 (Gemma, 4 layers,
   width 512, 8 query heads on 1 key-value head of 64, tied embeddings
   that make the logits through `ReversibleEmbedding`), sequence 512,
-  batch 8.
+  batch 8;
+- `opt` and `phi3`: written after the buffer-sharing rule (2026-12-06), run
+  with `--models`: keras-hub OPT (6 layers, width 1024, vocabulary 50,272,
+  tied embeddings as GPT-2's) and Phi-3 (6 layers, width 1024, vocabulary
+  32,064, untied logits), sequence 512, batch 8.
 
 On PyTorch, before the split, each model takes one `fit` step (`--cold`
 skips it; JAX's split compiles the step and runs none), so
@@ -71,6 +75,10 @@ FULL = {
                     ffn=1536, seq=512, batch=8, window=256),
     "gemma": dict(vocab=32000, layers=4, width=512, heads=8, kv_heads=1,
                   head_dim=64, ffn=2048, seq=512, batch=8),
+    "opt": dict(vocab=50272, layers=6, width=1024, heads=16, ffn=4096, seq=512,
+                batch=8),
+    "phi3": dict(vocab=32064, layers=6, width=1024, heads=16, kv_heads=16,
+                 ffn=2816, seq=512, batch=8),
 }
 SMALL = {  # the sizes of tests/explain/test_by_layer_lm.py
     "gpt2": dict(vocab=8000, layers=2, width=64, heads=2, ffn=256, seq=64, batch=8),
@@ -82,6 +90,9 @@ SMALL = {  # the sizes of tests/explain/test_by_layer_lm.py
                     seq=64, batch=8, window=32),
     "gemma": dict(vocab=8000, layers=2, width=64, heads=4, kv_heads=1, head_dim=16,
                   ffn=128, seq=64, batch=8),
+    "opt": dict(vocab=8000, layers=2, width=64, heads=4, ffn=256, seq=64, batch=8),
+    "phi3": dict(vocab=8000, layers=2, width=64, heads=4, kv_heads=4, ffn=128,
+                 seq=64, batch=8),
 }
 AGREE = 0.25  # within 25%
 
@@ -116,6 +127,19 @@ def build(name: str, c: dict[str, int]) -> Any:
             num_query_heads=c["heads"], num_key_value_heads=c["kv_heads"],
             hidden_dim=c["width"], intermediate_dim=c["ffn"], head_dim=c["head_dim"])
         model = models.GemmaCausalLM(backbone=backbone, preprocessor=None)
+    elif name == "opt":
+        backbone = models.OPTBackbone(
+            vocabulary_size=c["vocab"], num_layers=c["layers"], num_heads=c["heads"],
+            hidden_dim=c["width"], intermediate_dim=c["ffn"],
+            max_sequence_length=c["seq"])
+        model = models.OPTCausalLM(backbone=backbone, preprocessor=None)
+    elif name == "phi3":
+        backbone = models.Phi3Backbone(
+            vocabulary_size=c["vocab"], num_layers=c["layers"],
+            num_query_heads=c["heads"], num_key_value_heads=c["kv_heads"],
+            hidden_dim=c["width"], intermediate_dim=c["ffn"],
+            max_sequence_length=c["seq"])
+        model = models.Phi3CausalLM(backbone=backbone, preprocessor=None)
     else:
         backbone = models.Qwen2Backbone(
             vocabulary_size=c["vocab"], num_layers=c["layers"],

@@ -10,6 +10,8 @@
 #   bash benchmarks/gpu/open_issues.sh together jax_row_jobs # JAX rows as jobs
 #   bash benchmarks/gpu/open_issues.sh together ways_jax_table   # then, warm:
 #   bash benchmarks/gpu/open_issues.sh together ways_jax
+#   LAYERS_MODELS=gpt2,llama,mistral,gemma,opt,phi3 \
+#     bash benchmarks/gpu/open_issues.sh together layers_jax layers_jax_test
 # (run on 2026-12-05: ways_room heldout_capacity heldout_jobs accumulation_edge
 # ways_resconv_torch; then phases, bert_speed, bert_jobs, ways_resconv_jax,
 # resconv_jax_edge, resconv_in_flight; on 2026-12-06: jax_row_jobs quiet_oom,
@@ -35,11 +37,28 @@ bert_speed() { run 450 bert-speed env KERAS_BACKEND=jax python3 -m benchmarks.gp
 # written after the code: keras-hub OPT with Lion, its answers against jobs
 heldout_capacity() { run 360 heldout-capacity env KERAS_BACKEND=jax python3 -m \
   benchmarks.gpu.capacity_check verify opt@8192 --parallel 4 --json "$out/opt.json"; }
+# LAYERS_MODELS: by_layer_lm's --models (opt,phi3 were written after the
+# buffer-sharing rule)
+layer_models=${LAYERS_MODELS:-gpt2,llama,mistral,gemma}
 layers_torch() { run 300 layers-torch env KERAS_BACKEND=torch python3 -m benchmarks.gpu.by_layer_lm \
-  --json "$out/torch.json"; }
+  --models "$layer_models" --json "$out/torch.json"; }
 # compiles only: JAX's allocator need not take the card
-layers_jax() { run 300 layers-jax env KERAS_BACKEND=jax XLA_PYTHON_CLIENT_PREALLOCATE=false \
-  python3 -m benchmarks.gpu.by_layer_lm --json "$out/jax.json" --hlo-dir "$out/hlo"; }
+layers_jax() { run 420 layers-jax env KERAS_BACKEND=jax XLA_PYTHON_CLIENT_PREALLOCATE=false \
+  python3 -m benchmarks.gpu.by_layer_lm --models "$layer_models" --json "$out/jax.json" \
+  --hlo-dir "$out/hlo"; }
+# the GPU test of the JAX split: it reads XLA's GPU plan
+layers_jax_test() { run 300 layers-jax-test env KERAS_BACKEND=jax \
+  XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -m gpu tests/test_gpu.py \
+  -k language_models -q -p no:cacheprovider -s; }
+# written after ways_to_fit's GPU tables: keras-hub Phi-3 (AdamW, 256 tokens)
+# under 8 GiB at a batch of 32, every lever; on PyTorch with its jobs, on JAX
+# the rows that fit the time (then again, warm, with its jobs: PHI3_VERIFY=1)
+ways_phi3_torch() { run 560 ways-phi3-torch env KERAS_BACKEND=torch python3 -m \
+  benchmarks.gpu.ways_check phi3 --limit-mb 8192 --batch 32 --verify --parallel 3; }
+ways_phi3_jax() { run 580 ways-phi3-jax env KERAS_BACKEND=jax python3 -m \
+  benchmarks.gpu.ways_check phi3 --limit-mb 8192 --batch 32 --levers "$jax_levers" \
+  --no-combinations --max-seconds ${WAYS_JAX_SECONDS:-520} --parallel 3 \
+  --compilation-cache "$cache/jax-cache" ${PHI3_VERIFY:+--verify}; }
 ways_torch() { run 300 ways-torch env KERAS_BACKEND=torch python3 -m benchmarks.gpu.ways_check gpt2 \
   --limit-mb 8192 --batch 16 --levers mixed_precision,adafactor,sgd_momentum,gradient_accumulation \
   --no-combinations --verify --parallel 2; }
