@@ -143,6 +143,17 @@ accumulation_edge() { run 240 accumulation-edge bash -c 'for b in 184 188 190; d
   for s in "{}" "{\"accumulation\": 2}"; do n=$b; [ "$s" = "{}" ] || n=$((2 * b))
   KERAS_BACKEND=torch python3 -m benchmarks.gpu.ways_check trial resconv --size $n \
   --setting "$s" --limit-mb 6144 | tail -n 1 | sed "s/^/$s $n: /"; done; done'; }
+# does a PyTorch job's memory grow with the steps of one fit? Phi-3, each
+# job in a new process (job_steps prints every batch end): at 16, 18, 19
+# and 20; at 20 with expandable segments; at 20 after the checks' steps
+job_growth() { run 300 job-growth bash -c 'J="python3 -m benchmarks.gpu.job_steps phi3 \
+  --limit-mb 8192 --steps 30"; export KERAS_BACKEND=torch
+  for a in "--size 16" "--size 18" "--size 19" "--size 20" "--size 20 --check-first 16,20" \
+      "--size 20 --expandable"; do f="$0/job-steps-${a// /_}.txt"
+    if [ "${a#*--expandable}" != "$a" ]; then
+      PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $J ${a% --expandable} > "$f" 2>&1 &
+    else $J $a > "$f" 2>&1 & fi; done; wait
+  for f in "$0"/job-steps-*; do echo "${f##*/}: $(tail -n 2 "$f" | cut -c1-600 | tr "\n" " ")"; done' "$out"; }
 compare_layers() {
   if [ -s "$out/torch.json" ] && [ -s "$out/jax.json" ]; then
     python3 -m benchmarks.gpu.by_layer_lm --compare "$out/torch.json" "$out/jax.json" \

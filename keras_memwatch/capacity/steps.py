@@ -3,20 +3,30 @@
 Any backend on the host (the peak resident set size, reset through
 `/proc/self/clear_refs` on Linux), PyTorch and TensorFlow on a GPU (the
 allocator's peak since the previous read). Each size trains `fit`'s own
-step (`batches.fit_steps`) from a clean state: garbage collected and, on
-PyTorch, the caching allocator's cache handed back, after a first step
-at that shape (tracing, compiling, choosing kernels). On the host the
-collector stays paused during the steps, so that each size meets the same
-garbage: a step's inputs that Keras's PyTorch backend leaves in reference
-cycles (keras-team/keras#23110) are freed at moments no job controls. On
-a GPU it runs as it does in a job, whose steps near the limit the checks
-stand for: paused, a step met the cycles of the one before, and sizes
-that jobs trained ran out of memory (docs/ways-to-fit.md).
+step (`batches.fit_steps`).
+
+On the host, each size starts from a clean state (garbage collected, the
+heap trimmed) after a first step at that shape (tracing, compiling), and
+the collector stays paused during the measured step, so that each size
+meets the same garbage: a step's inputs that Keras's PyTorch backend
+leaves in reference cycles (keras-team/keras#23110) are freed at moments
+no job controls.
+
+On a GPU the steps stand for the first steps of a job in a new process
+near the limit: from a clean state (on PyTorch, the caching allocator's
+cache handed back), a first step at that shape, then the measured steps
+with nothing freed in between and the collector running, as in a job. A
+step meets what the steps before it left: blocks the caching allocator
+split, arrays held in reference cycles. On PyTorch the first step follows
+Keras's build of the model at that shape, as a new process's first `fit`
+does (`build_as_a_first_fit`). Without these, checks ran sizes that jobs
+in new processes could not (docs/ways-to-fit.md).
 """
 
 from __future__ import annotations
 
 import gc
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
@@ -27,9 +37,30 @@ from keras_memwatch.capacity.evidence import STEP, Observation
 from keras_memwatch.oom_errors import is_oom_error
 from keras_memwatch.units import format_bytes
 
-#: Steps per size on a GPU: the second reserves more than the first (the
-#: first's freed blocks do not all fit the second's requests).
-GPU_STEPS = 2
+#: Steps measured per size on a GPU, after the first: a job's third step can
+#: meet blocks the first two left split (keras-hub Phi-3 under PyTorch).
+GPU_STEPS = 3
+
+logger = logging.getLogger("keras_memwatch")
+
+
+def build_as_a_first_fit(model: Any, x: Any) -> None:
+    """Runs Keras's build of `model` from the shapes of the inputs `x`, as a
+    process's first `fit` does before its first step.
+
+    On PyTorch, where the forward pass cannot run on the meta device
+    (keras-hub's Phi-3), Keras runs it on the model's device at that shape,
+    and its arrays stay in reference cycles until the collector reaches
+    them: the first step of a new process meets them. Nothing is collected
+    here.
+    """
+    import keras
+    from keras.src import backend
+
+    symbolic = keras.tree.map_structure(
+        lambda a: keras.KerasTensor(a.shape, dtype=keras.backend.standardize_dtype(
+            a.dtype)), x)
+    backend.compute_output_spec(model, symbolic, training=False)
 
 
 class Steps:
@@ -57,6 +88,9 @@ class Steps:
             import torch
 
             self.torch = torch
+        #: Each size's first step follows Keras's build at its shape, as in
+        #: a new process (on PyTorch, where that build may run on the GPU).
+        self.builds_first = self.torch is not None
         self.steps = GPU_STEPS if device.on_gpu else 1
         fit_steps(model, data.take(1), 1)  # builds, compiles, warms up
         self._clean()
@@ -84,6 +118,17 @@ class Steps:
         elif not self.device.on_gpu:
             trim_host_heap()
 
+    def _build_first(self, x: Any) -> None:
+        try:
+            build_as_a_first_fit(self.model, x)
+        except Exception as e:  # noqa: BLE001 - the build is an emulation
+            if is_oom_error(e):
+                raise
+            self.builds_first = False
+            logger.warning("estimate_max_batch_size: Keras's build of the model "
+                           "from a batch's shapes raised %s; sizes are measured "
+                           "without it", type(e).__name__)
+
     def _measure(self, size: int, ladder: bool) -> Observation:
         batch = self.data.take(size)
         began = time.perf_counter()  # the measured steps', after the first
@@ -91,12 +136,16 @@ class Steps:
         try:
             # The first step at a new shape traces and compiles, and on a
             # GPU picks its kernels: not what a step of a long job needs.
+            if self.device.on_gpu:
+                self._clean()
+            if self.builds_first:
+                self._build_first(batch[0])
             fit_steps(self.model, batch, 1)
-            self._clean()
+            if not self.device.on_gpu:
+                self._clean()
+                gc.disable()
             self.device.read()  # resets the peaks
             began = time.perf_counter()
-            if not self.device.on_gpu:
-                gc.disable()
             fit_steps(self.model, batch, self.steps)
             if self.torch is not None:
                 self.torch.cuda.synchronize(self.device.gpu_index)

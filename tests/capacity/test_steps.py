@@ -1,0 +1,119 @@
+"""Real steps as a size's measure: on a GPU they stand for a job's first
+steps, on the host for one step met by the same garbage every time."""
+
+from __future__ import annotations
+
+import gc
+import logging
+
+import keras
+import numpy as np
+import pytest
+
+from keras_memwatch.capacity import steps
+from keras_memwatch.measure.batches import Batches
+
+
+class FakeDevice:
+    backend = "fake"  # not torch: nothing to synchronize
+    name = "GPU:0"
+    gpu_index = 0
+
+    def __init__(self, on_gpu: bool, events: list[str]):
+        self.on_gpu = on_gpu
+        self.events = events
+
+    def in_use(self) -> int:
+        return 0
+
+    def limit(self, in_use: int):
+        return 2**30, "a cap", True
+
+    def read(self) -> None:
+        self.events.append("peaks reset")
+
+    def peak(self) -> int:
+        return 2**20
+
+
+def _sequence(monkeypatch, on_gpu: bool, builds_first: bool = False,
+              build=None) -> list[str]:
+    events: list[str] = []
+    monkeypatch.setattr(steps, "fit_steps",
+                        lambda model, batch, n: events.append(f"{n} step(s)"))
+    monkeypatch.setattr(steps.Steps, "_clean", lambda self: events.append("freed"))
+    monkeypatch.setattr(steps, "build_as_a_first_fit",
+                        build or (lambda model, x: events.append("built")))
+    data = Batches(np.zeros((4, 2), "float32"), np.zeros((4,), "float32"))
+    strategy = steps.Steps(object(), data, FakeDevice(on_gpu, events), lambda line: None)
+    strategy.builds_first = builds_first  # PyTorch on a GPU
+    events.clear()  # building and warming up the model
+    for _ in range(2):
+        [observation] = strategy.check([8])
+        assert observation.ran and observation.need_bytes == 2**20
+    return events
+
+
+def test_on_a_gpu_a_sizes_steps_are_a_new_jobs_first_steps(monkeypatch):
+    """From a freed cache; Keras's build at that shape (PyTorch), the first
+    step, then the measured steps with nothing freed between them, so that
+    they meet the blocks the first step split and what it left in reference
+    cycles."""
+    job = ["freed", "built", "1 step(s)", "peaks reset", f"{steps.GPU_STEPS} step(s)"]
+    assert _sequence(monkeypatch, on_gpu=True, builds_first=True) == job * 2
+    assert steps.GPU_STEPS >= 3
+
+
+def test_on_the_host_the_measured_step_starts_clean_after_the_first(monkeypatch):
+    assert _sequence(monkeypatch, on_gpu=False) == [
+        "1 step(s)", "freed", "peaks reset", "1 step(s)"] * 2
+
+
+def test_a_build_that_fails_is_said_once_and_the_sizes_measured_without_it(
+        monkeypatch, caplog):
+    def failing(model, x):
+        raise ValueError("cannot build from shapes")
+
+    with caplog.at_level(logging.WARNING, logger="keras_memwatch"):
+        events = _sequence(monkeypatch, on_gpu=True, builds_first=True, build=failing)
+    assert events.count("1 step(s)") == 2
+    [record] = caplog.records
+    assert "raised ValueError; sizes are measured without it" in record.getMessage()
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch",
+                    reason="PyTorch alone builds on the meta device, or eagerly")
+def test_a_first_fits_build_leaves_the_forward_pass_where_the_meta_device_fails():
+    """keras-hub's Phi-3 cannot run on PyTorch's meta device, so Keras's build
+    runs it eagerly and leaves its logits in reference cycles, as a new
+    process's first `fit` leaves them for its first step; a model that runs
+    on the meta device leaves nothing."""
+    torch = pytest.importorskip("torch")
+    keras_hub = pytest.importorskip("keras_hub")
+    batch, sequence, vocabulary = 3, 16, 97
+
+    def logits_alive() -> int:
+        return sum(1 for t in gc.get_objects() if issubclass(type(t), torch.Tensor)
+                   and tuple(t.shape) == (batch, sequence, vocabulary))
+
+    phi3 = keras_hub.models.Phi3CausalLM(
+        backbone=keras_hub.models.Phi3Backbone(
+            vocabulary_size=vocabulary, num_layers=1, hidden_dim=16,
+            intermediate_dim=32, num_query_heads=2, num_key_value_heads=2),
+        preprocessor=None)
+    dense = keras.Sequential([keras.Input((sequence, 8)), keras.layers.Dense(vocabulary)])
+    tokens = {"token_ids": np.zeros((batch, sequence), "int32"),
+              "padding_mask": np.ones((batch, sequence), "int32")}
+    collecting = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        steps.build_as_a_first_fit(phi3, tokens)
+        assert logits_alive() >= 1
+        gc.collect()
+        assert logits_alive() == 0
+        steps.build_as_a_first_fit(dense, np.zeros((batch, sequence, 8), "float32"))
+        assert logits_alive() == 0
+    finally:
+        if collecting:
+            gc.enable()
