@@ -10,8 +10,9 @@ earlier capacity work; `resconv` (a residual convnet with batch
 normalization, in mixed_float16), `gpt2` (keras-hub's GPT-2 with the base
 shape: 12 layers, width 768, vocabulary 50,257, sequence 256, AdamW) and
 `bert` (keras-hub's BERT base classifier, sequence 256) were written after
-the capacity code, to check it on models it was not tuned on. Each has a
-`_tiny` variant for the CPU.
+the capacity code, to check it on models it was not tuned on; `opt`
+and `phi3` (keras-hub Phi-3, 256 tokens) after the estimate's and
+`ways_to_fit`'s GPU tables. Each has a `_tiny` variant for the CPU.
 """
 
 from __future__ import annotations
@@ -228,8 +229,8 @@ HUB = {"gpt2": dict(vocabulary_size=50257, num_layers=12, num_heads=12,
 
 def build_hub(name: str) -> Any:
     """keras-hub's GPT2CausalLM (AdamW), OPTCausalLM (Lion), LlamaCausalLM
-    (AdamW), Phi3CausalLM (AdamW) or BertTextClassifier (Adam), without preprocessors: token ids
-    in, as a trained pipeline feeds them."""
+    (AdamW), Phi3CausalLM (AdamW) or BertTextClassifier (Adam), without
+    preprocessors: token ids in, as a trained pipeline feeds them."""
     import keras
     import keras_hub
 

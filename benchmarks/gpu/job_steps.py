@@ -63,7 +63,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         checks.check([int(b) for b in args.check_first.split(",")])
         torch.cuda.reset_peak_memory_stats()
     x, y = sample.take(args.size * args.steps)
-    callbacks = [EachStep()] + ([CollectCycles(every=args.collect)] if args.collect else [])
+    callbacks = [EachStep()]
+    if args.collect:
+        callbacks.append(CollectCycles(every=args.collect))
     try:
         keras.Model.fit(model, x, y, batch_size=args.size, epochs=1, shuffle=False,
                         verbose=0, callbacks=callbacks)

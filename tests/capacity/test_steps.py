@@ -45,7 +45,8 @@ def _sequence(monkeypatch, on_gpu: bool, builds_first: bool = False,
     monkeypatch.setattr(steps, "build_as_a_first_fit",
                         build or (lambda model, x: events.append("built")))
     data = Batches(np.zeros((4, 2), "float32"), np.zeros((4,), "float32"))
-    strategy = steps.Steps(object(), data, FakeDevice(on_gpu, events), lambda line: None)
+    device = FakeDevice(on_gpu, events)
+    strategy = steps.Steps(object(), data, device, lambda line: None)
     strategy.builds_first = builds_first  # PyTorch on a GPU
     events.clear()  # building and warming up the model
     for _ in range(2):
@@ -101,7 +102,8 @@ def test_a_first_fits_build_leaves_the_forward_pass_where_the_meta_device_fails(
             vocabulary_size=vocabulary, num_layers=1, hidden_dim=16,
             intermediate_dim=32, num_query_heads=2, num_key_value_heads=2),
         preprocessor=None)
-    dense = keras.Sequential([keras.Input((sequence, 8)), keras.layers.Dense(vocabulary)])
+    dense = keras.Sequential([keras.Input((sequence, 8)),
+                              keras.layers.Dense(vocabulary)])
     tokens = {"token_ids": np.zeros((batch, sequence), "int32"),
               "padding_mask": np.ones((batch, sequence), "int32")}
     collecting = gc.isenabled()
