@@ -179,6 +179,35 @@ def tiny_gpt2(vocabulary: int = 500, layers: int = 2, width: int = 32,
     return model, x, tokens[:, 1:]
 
 
+def tiny_phi3(vocabulary: int = 97, sequence: int = 16):
+    """A keras-hub Phi-3 causal LM (skips where keras-hub is missing), whose
+    attention cannot run on PyTorch's meta device, and token data for it:
+    `(model, x, y)` with 3 samples of `sequence` tokens."""
+    import keras
+
+    keras_hub = pytest.importorskip("keras_hub")
+    backbone = keras_hub.models.Phi3Backbone(
+        vocabulary_size=vocabulary, num_layers=1, hidden_dim=16, intermediate_dim=32,
+        num_query_heads=2, num_key_value_heads=2)
+    model = keras_hub.models.Phi3CausalLM(backbone=backbone, preprocessor=None)
+    model.compile(optimizer="adamw", loss=keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True))
+    tokens = np.random.default_rng(0).integers(0, vocabulary, (3, sequence + 1))
+    x = {"token_ids": tokens[:, :-1].astype("int32"),
+         "padding_mask": np.ones((3, sequence), "int32")}
+    return model, x, tokens[:, 1:].astype("int32")
+
+
+def arrays_of_shape(shape: tuple) -> int:
+    """How many PyTorch tensors of `shape` the collector tracks (alive)."""
+    import gc
+
+    import torch
+
+    return sum(1 for t in gc.get_objects()
+               if issubclass(type(t), torch.Tensor) and tuple(t.shape) == shape)
+
+
 def dense_model(optimizer):
     import keras
 

@@ -10,6 +10,7 @@ import keras
 import numpy as np
 import pytest
 
+from conftest import arrays_of_shape, tiny_phi3
 from keras_memwatch.capacity import steps
 from keras_memwatch.measure.batches import Batches
 
@@ -89,33 +90,19 @@ def test_a_first_fits_build_leaves_the_forward_pass_where_the_meta_device_fails(
     runs it eagerly and leaves its logits in reference cycles, as a new
     process's first `fit` leaves them for its first step; a model that runs
     on the meta device leaves nothing."""
-    torch = pytest.importorskip("torch")
-    keras_hub = pytest.importorskip("keras_hub")
-    batch, sequence, vocabulary = 3, 16, 97
-
-    def logits_alive() -> int:
-        return sum(1 for t in gc.get_objects() if issubclass(type(t), torch.Tensor)
-                   and tuple(t.shape) == (batch, sequence, vocabulary))
-
-    phi3 = keras_hub.models.Phi3CausalLM(
-        backbone=keras_hub.models.Phi3Backbone(
-            vocabulary_size=vocabulary, num_layers=1, hidden_dim=16,
-            intermediate_dim=32, num_query_heads=2, num_key_value_heads=2),
-        preprocessor=None)
-    dense = keras.Sequential([keras.Input((sequence, 8)),
-                              keras.layers.Dense(vocabulary)])
-    tokens = {"token_ids": np.zeros((batch, sequence), "int32"),
-              "padding_mask": np.ones((batch, sequence), "int32")}
+    phi3, x, _ = tiny_phi3(vocabulary=97, sequence=16)
+    logits = (3, 16, 97)
+    dense = keras.Sequential([keras.Input((16, 8)), keras.layers.Dense(97)])
     collecting = gc.isenabled()
     gc.collect()
     gc.disable()
     try:
-        steps.build_as_a_first_fit(phi3, tokens)
-        assert logits_alive() >= 1
+        steps.build_as_a_first_fit(phi3, x)
+        assert arrays_of_shape(logits) >= 1
         gc.collect()
-        assert logits_alive() == 0
-        steps.build_as_a_first_fit(dense, np.zeros((batch, sequence, 8), "float32"))
-        assert logits_alive() == 0
+        assert arrays_of_shape(logits) == 0
+        steps.build_as_a_first_fit(dense, np.zeros((3, 16, 8), "float32"))
+        assert arrays_of_shape(logits) == 0
     finally:
         if collecting:
             gc.enable()

@@ -6,6 +6,7 @@ the host's memory; shared layers, nested models, mixed precision and
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import subprocess
@@ -17,6 +18,7 @@ import keras
 import numpy as np
 import pytest
 
+from conftest import arrays_of_shape, tiny_phi3
 from keras_memwatch import MemWatch, memory_by_layer
 from keras_memwatch.explain.layers import LOSS, REST, STEP_ROWS, UPDATE
 
@@ -137,6 +139,27 @@ def test_shapes_give_each_layer_its_outputs_at_the_batch_size():
     assert table.loc[LOSS, "grad_bytes"] == 2 * output_bytes((32, 10))
     assert table["measured_forward_bytes"].isna().all()
     assert table["measured_backward_bytes"].isna().all()
+
+
+@pytest.mark.skipif(BACKEND != "torch",
+                    reason="PyTorch alone may run a traced forward pass for real")
+def test_shapes_leave_nothing_behind_where_pytorch_runs_the_forward_pass():
+    """keras-hub's Phi-3 cannot run on PyTorch's meta device, so Keras runs
+    its forward pass for real; the trace collects what that pass left in
+    reference cycles (a spike's layer is named inside `fit`)."""
+    from keras_memwatch.explain.layers.shapes import batch_spec, trace_step
+
+    model, x, _ = tiny_phi3(vocabulary=97, sequence=16)
+    collecting = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        rows, outputs = trace_step(model, batch_spec(x, 3))
+        assert ((3, 16, 97), "float32") in outputs and rows
+        assert arrays_of_shape((3, 16, 97)) == 0
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def test_mixed_precision_counts_activations_in_the_compute_dtype():

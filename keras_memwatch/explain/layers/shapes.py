@@ -2,7 +2,11 @@
 
 The model is called symbolically (`keras`'s `compute_output_spec`: JAX's
 `eval_shape`, a TensorFlow graph, PyTorch's meta device), so nothing is
-computed and no device memory is taken, however large the batch. A
+computed and no device memory is taken, however large the batch. On
+PyTorch, where a layer cannot run on the meta device (keras-hub's Llama,
+Mistral, Qwen2 and Phi-3 attention), Keras runs the forward pass for real
+on the model's device, without gradients, and leaves its arrays in
+reference cycles: `trace_step` collects them before it returns. A
 layer's activation bytes are then the bytes of its outputs in its compute
 dtype (`float16` under `mixed_float16`): what a layer keeps for the
 backward pass when the next layer saves its input, as torchinfo's
@@ -11,6 +15,7 @@ backward pass when the next layer saves its input, as torchinfo's
 
 from __future__ import annotations
 
+import gc
 import math
 from typing import Any
 
@@ -61,6 +66,8 @@ def trace_step(model: Any, x_spec: Any, expand_nested: bool = True,
                     expand_blocks=expand_blocks) as tracer:
         outputs = backend.compute_output_spec(lambda x: model(x, training=True),
                                               x_spec)
+    if backend.backend() == "torch":
+        gc.collect()  # what a forward pass run for real left in cycles
     return tracer.order, signature(outputs) or ()
 
 
