@@ -97,55 +97,34 @@ SMALL = {  # the sizes of tests/explain/test_by_layer_lm.py
 AGREE = 0.25  # within 25%
 
 
+#: keras-hub's class prefix of each model (`<prefix>Backbone`,
+#: `<prefix>CausalLM`)
+CLASSES = {"gpt2": "GPT2", "llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral",
+           "gemma": "Gemma", "opt": "OPT", "phi3": "Phi3"}
+#: the backbones that take the sequence length
+TAKE_LENGTH = ("gpt2", "opt", "phi3")
+
+
 def build(name: str, c: dict[str, int]) -> Any:
     import keras
     import keras_hub
 
-    models = keras_hub.models
-    if name == "gpt2":
-        backbone = models.GPT2Backbone(
-            vocabulary_size=c["vocab"], num_layers=c["layers"], num_heads=c["heads"],
-            hidden_dim=c["width"], intermediate_dim=c["ffn"],
-            max_sequence_length=c["seq"])
-        model = models.GPT2CausalLM(backbone=backbone, preprocessor=None)
-    elif name == "llama":
-        backbone = models.LlamaBackbone(
-            vocabulary_size=c["vocab"], num_layers=c["layers"],
-            num_query_heads=c["heads"], num_key_value_heads=c["kv_heads"],
-            hidden_dim=c["width"], intermediate_dim=c["ffn"])
-        model = models.LlamaCausalLM(backbone=backbone, preprocessor=None)
-    elif name == "mistral":
-        backbone = models.MistralBackbone(
-            vocabulary_size=c["vocab"], num_layers=c["layers"],
-            num_query_heads=c["heads"], num_key_value_heads=c["kv_heads"],
-            hidden_dim=c["width"], intermediate_dim=c["ffn"],
-            sliding_window=c["window"])
-        model = models.MistralCausalLM(backbone=backbone, preprocessor=None)
-    elif name == "gemma":
-        backbone = models.GemmaBackbone(
-            vocabulary_size=c["vocab"], num_layers=c["layers"],
-            num_query_heads=c["heads"], num_key_value_heads=c["kv_heads"],
-            hidden_dim=c["width"], intermediate_dim=c["ffn"], head_dim=c["head_dim"])
-        model = models.GemmaCausalLM(backbone=backbone, preprocessor=None)
-    elif name == "opt":
-        backbone = models.OPTBackbone(
-            vocabulary_size=c["vocab"], num_layers=c["layers"], num_heads=c["heads"],
-            hidden_dim=c["width"], intermediate_dim=c["ffn"],
-            max_sequence_length=c["seq"])
-        model = models.OPTCausalLM(backbone=backbone, preprocessor=None)
-    elif name == "phi3":
-        backbone = models.Phi3Backbone(
-            vocabulary_size=c["vocab"], num_layers=c["layers"],
-            num_query_heads=c["heads"], num_key_value_heads=c["kv_heads"],
-            hidden_dim=c["width"], intermediate_dim=c["ffn"],
-            max_sequence_length=c["seq"])
-        model = models.Phi3CausalLM(backbone=backbone, preprocessor=None)
+    args = dict(vocabulary_size=c["vocab"], num_layers=c["layers"],
+                hidden_dim=c["width"], intermediate_dim=c["ffn"])
+    if "kv_heads" in c:  # grouped-query attention
+        args.update(num_query_heads=c["heads"], num_key_value_heads=c["kv_heads"])
     else:
-        backbone = models.Qwen2Backbone(
-            vocabulary_size=c["vocab"], num_layers=c["layers"],
-            num_query_heads=c["heads"], num_key_value_heads=c["kv_heads"],
-            hidden_dim=c["width"], intermediate_dim=c["ffn"])
-        model = models.Qwen2CausalLM(backbone=backbone, preprocessor=None)
+        args.update(num_heads=c["heads"])
+    if name in TAKE_LENGTH:
+        args.update(max_sequence_length=c["seq"])
+    if "window" in c:
+        args.update(sliding_window=c["window"])
+    if "head_dim" in c:
+        args.update(head_dim=c["head_dim"])
+    prefix = CLASSES[name]
+    backbone = getattr(keras_hub.models, f"{prefix}Backbone")(**args)
+    model = getattr(keras_hub.models, f"{prefix}CausalLM")(
+        backbone=backbone, preprocessor=None)
     model.compile(optimizer=keras.optimizers.AdamW(1e-4),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   weighted_metrics=["accuracy"])
