@@ -3,6 +3,7 @@ and the GPU marker. Tests import the helpers from here."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -196,6 +197,22 @@ def tiny_phi3(vocabulary: int = 97, sequence: int = 16):
     x = {"token_ids": tokens[:, :-1].astype("int32"),
          "padding_mask": np.ones((3, sequence), "int32")}
     return model, x, tokens[:, 1:].astype("int32")
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Collects once, then pauses Python's collector until the block ends
+    (as the user had it after), so that what reference cycles hold stays."""
+    import gc
+
+    collecting = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def arrays_of_shape(shape: tuple) -> int:

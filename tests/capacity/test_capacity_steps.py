@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import pytest
 
-from conftest import arrays_of_shape, tiny_phi3
+from conftest import arrays_of_shape, collector_paused, tiny_phi3
 from keras_memwatch.capacity import steps
 from keras_memwatch.measure.batches import Batches
 
@@ -93,16 +93,10 @@ def test_a_first_fits_build_leaves_the_forward_pass_where_the_meta_device_fails(
     phi3, x, _ = tiny_phi3(vocabulary=97, sequence=16)
     logits = (3, 16, 97)
     dense = keras.Sequential([keras.Input((16, 8)), keras.layers.Dense(97)])
-    collecting = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
+    with collector_paused():
         steps.build_as_a_first_fit(phi3, x)
         assert arrays_of_shape(logits) >= 1
         gc.collect()
         assert arrays_of_shape(logits) == 0
         steps.build_as_a_first_fit(dense, np.zeros((3, 16, 8), "float32"))
         assert arrays_of_shape(logits) == 0
-    finally:
-        if collecting:
-            gc.enable()

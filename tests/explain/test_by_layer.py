@@ -6,7 +6,6 @@ the host's memory; shared layers, nested models, mixed precision and
 
 from __future__ import annotations
 
-import gc
 import math
 import os
 import subprocess
@@ -18,7 +17,7 @@ import keras
 import numpy as np
 import pytest
 
-from conftest import arrays_of_shape, tiny_phi3
+from conftest import arrays_of_shape, collector_paused, tiny_phi3
 from keras_memwatch import MemWatch, memory_by_layer
 from keras_memwatch.explain.layers import LOSS, REST, STEP_ROWS, UPDATE
 
@@ -150,16 +149,10 @@ def test_shapes_leave_nothing_behind_where_pytorch_runs_the_forward_pass():
     from keras_memwatch.explain.layers.shapes import batch_spec, trace_step
 
     model, x, _ = tiny_phi3(vocabulary=97, sequence=16)
-    collecting = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
+    with collector_paused():
         rows, outputs = trace_step(model, batch_spec(x, 3))
         assert ((3, 16, 97), "float32") in outputs and rows
         assert arrays_of_shape((3, 16, 97)) == 0
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def test_mixed_precision_counts_activations_in_the_compute_dtype():
