@@ -35,6 +35,7 @@ from keras_memwatch.measure.batches import Batches, fit_steps
 from keras_memwatch.measure.device import Device, trim_host_heap
 from keras_memwatch.capacity.evidence import STEP, Observation
 from keras_memwatch.oom_errors import is_oom_error
+from keras_memwatch.record.batch_shapes import input_specs
 from keras_memwatch.units import format_bytes
 
 #: Steps measured per size on a GPU, after the first: a job's third step can
@@ -54,13 +55,9 @@ def build_as_a_first_fit(model: Any, x: Any) -> None:
     them: the first step of a new process meets them. Nothing is collected
     here.
     """
-    import keras
     from keras.src import backend
 
-    symbolic = keras.tree.map_structure(
-        lambda a: keras.KerasTensor(a.shape, dtype=keras.backend.standardize_dtype(
-            a.dtype)), x)
-    backend.compute_output_spec(model, symbolic, training=False)
+    backend.compute_output_spec(model, input_specs(x), training=False)
 
 
 class Steps:

@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 from keras_memwatch.call_wrapping import elements, signature, unwrap_call, wrap_call
 
-__all__ = ["BatchShapes", "BatchInputs"]
+__all__ = ["BatchShapes", "BatchInputs", "input_specs"]
 
 #: Batches whose signature is kept: enough for spikes judged late.
 RECENT = 4096
@@ -153,12 +153,14 @@ class BatchShapes:
         i = self._index.get(found)
         if i is None:
             i = self._index[found] = len(self.seen)
-            self.seen.append((_specs(inputs), found))
+            self.seen.append((input_specs(inputs), found))
             self._counts.append(0)
         return i
 
 
-def _specs(inputs: Any) -> Any:
+def input_specs(inputs: Any) -> Any:
+    """`inputs` (arrays or tensors, nested) as `keras.KerasTensor`s of their
+    shapes and dtypes."""
     import keras
 
     return keras.tree.map_structure(
