@@ -23,7 +23,13 @@ logger = logging.getLogger("keras_memwatch")
 
 
 class CollectCycles(keras.callbacks.Callback):
-    """Runs Python's full garbage collection every `every` training batches.
+    """Runs Python's full garbage collection when training begins and every
+    `every` training batches after.
+
+    The first collection frees what Keras's build of the model for the first
+    batch left: on PyTorch, a model whose forward pass cannot run on the
+    meta device (keras-hub's Phi-3) is run for real at the batch's shape,
+    and its activations, the logits among them, stay in reference cycles.
 
     A collection takes a fraction of a second in a process holding a Keras
     model (a job's total is in `seconds`). The callback reads no logs, so
@@ -58,16 +64,19 @@ class CollectCycles(keras.callbacks.Callback):
 
     def on_train_begin(self, logs: Optional[dict[str, Any]] = None) -> None:
         self.collections, self.seconds, self.objects_freed, self._batches = 0, 0.0, 0, 0
+        self._collect()  # what Keras's build for the first batch left
 
     def on_train_batch_end(self, batch: int, logs: Optional[dict[str, Any]] = None) -> None:
         with self._lock:  # `batch` restarts every epoch; hooks may overlap
             self._batches += 1
-            if self._batches % self.every:
-                return
-            began = time.perf_counter()
-            self.objects_freed += gc.collect()
-            self.seconds += time.perf_counter() - began
-            self.collections += 1
+            if self._batches % self.every == 0:
+                self._collect()
+
+    def _collect(self) -> None:
+        began = time.perf_counter()
+        self.objects_freed += gc.collect()
+        self.seconds += time.perf_counter() - began
+        self.collections += 1
 
     def on_train_end(self, logs: Optional[dict[str, Any]] = None) -> None:
         logger.info("CollectCycles: %d collections in %d batches took %.2f s and "
