@@ -13,7 +13,8 @@ under the whole cap, what a job can reach). `--verify` then trains, for
 every measured row, its `largest_batch` and 3% above it as jobs in new
 processes side by side (`trial`: a dtype policy set before the model is
 built, as the row's `change` says, the rest of the row's setting made
-with `keras_memwatch.ways.variant.realized`, `--steps` steps of `fit`), and prints whether each ran and its time a sample: an answer
+with `keras_memwatch.ways.variant.realized`, one `fit` of `--steps` steps after
+the first, as a user runs it), and prints whether each ran and its time a sample: an answer
 is right when its size runs and the size 3% above does not. On a CPU, a
 tiny model without a cap (`conv_tiny`, `gpt2_tiny`) is a smoke test.
 Models: `benchmarks.models`.
@@ -79,9 +80,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 def trial(model_name: str, setting: dict[str, Any], size: int,
           limit_mb: Optional[float], steps: int) -> dict[str, Any]:
     """A job of `size` (the effective batch) with `setting`, in this new
-    process: whether it ran, its time a sample, and the device's peak (the
-    variant alone: what the table's need, measured beside the user's
-    model, stands for)."""
+    process, as a user runs it: one `fit` of `steps` steps. Returns whether
+    it ran, its time a sample after the first step, and the device's peak
+    (the variant alone: what the table's need, measured beside the user's
+    model, stands for); a step out of memory prints the allocator's
+    message on stderr."""
     if limit_mb:
         from keras_memwatch import configure_memory
 
@@ -89,10 +92,22 @@ def trial(model_name: str, setting: dict[str, Any], size: int,
     import keras
 
     from benchmarks.models import build, data
-    from keras_memwatch.measure.batches import Batches, fit_steps
+    from keras_memwatch.measure.batches import Batches, fit_steps, wait_for_steps
     from keras_memwatch.measure.device import Device
-    from keras_memwatch.oom_errors import is_oom_error
+    from keras_memwatch.oom_errors import first_line, is_oom_error
     from keras_memwatch.ways.variant import Setting, realized
+
+    class Clock(keras.callbacks.Callback):
+        """The seconds from the end of the first step to the end of fit."""
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if batch == 0:
+                wait_for_steps(self.model)
+                self.began = time.perf_counter()
+
+        def on_train_end(self, logs: Any = None) -> None:
+            wait_for_steps(self.model)
+            self.seconds = time.perf_counter() - self.began
 
     chosen = Setting.from_dict(setting)
     if chosen.policy:
@@ -103,16 +118,15 @@ def trial(model_name: str, setting: dict[str, Any], size: int,
     device = Device(keras.backend.backend(), None)  # its peak, from here
     model = build(model_name)
     x, y = data(model_name, min(size, 64))
+    clock = Clock()
     try:
         with realized(model, Batches(x, y), size, chosen) as v:
-            batch = v.data.take(v.batch_size)
-            fit_steps(v.model, batch, 1)
-            began = time.perf_counter()
-            fit_steps(v.model, batch, steps)
-            per_sample = (time.perf_counter() - began) / (steps * v.batch_size)
+            fit_steps(v.model, v.data.take(v.batch_size), steps + 1, [clock])
+            per_sample = clock.seconds / (steps * v.batch_size)
     except Exception as e:  # noqa: BLE001
         if not is_oom_error(e):
             raise
+        print(f"out of memory: {first_line(e)}", file=sys.stderr)
         return {"ran": False}
     return {"ran": True, "seconds_per_sample": per_sample, "peak_bytes": device.peak()}
 
@@ -121,6 +135,19 @@ def _child(args: list[str]) -> dict[str, Any]:
     """A job in a new process (a failed one says why on stderr)."""
     result = json_child("benchmarks.gpu.ways_check", args, 900, label=" ".join(args[:4]))
     return result if result is not None else {"ran": None}
+
+
+def _release_cached_memory() -> None:
+    """Gives PyTorch's cached blocks back to the card (nothing elsewhere)."""
+    import keras
+
+    if keras.backend.backend() == "torch":
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def verify(record: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -138,6 +165,7 @@ def verify(record: dict[str, Any], args: argparse.Namespace) -> list[dict[str, A
                                                "--setting", json.dumps(setting),
                                                "--steps", str(args.steps)]
                          + (["--limit-mb", str(args.limit_mb)] if args.limit_mb else [])))
+    _release_cached_memory()  # the jobs share the card with this process
     with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
         done = list(pool.map(lambda job: _child(job[2]), jobs))
     results = [{"lever": lever, "size": size, **result}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 
@@ -76,9 +76,11 @@ class Batches:
                 None if self.y is None else keras.tree.map_structure(take, self.y))
 
 
-def fit_steps(model: Any, batch: tuple[Any, Any], steps: int) -> None:
-    """Trains `steps` steps on `batch` through Keras's own `fit`, and waits
-    for them (`wait_for_steps`): a step that ran out of memory raises here.
+def fit_steps(model: Any, batch: tuple[Any, Any], steps: int,
+              callbacks: Sequence[Any] = ()) -> None:
+    """Trains `steps` steps on `batch` through Keras's own `fit`, with
+    `callbacks`, and waits for them (`wait_for_steps`): a step that ran out
+    of memory raises here.
 
     `fit` packs array batches as `(x, y)` (or `(x,)`), which a custom
     `train_step` unpacks, and runs the step function it compiles for them;
@@ -95,7 +97,7 @@ def fit_steps(model: Any, batch: tuple[Any, Any], steps: int) -> None:
         x, y = Batches(x, y).take(size * steps)
     with _quiet_retracing():
         keras.Model.fit(model, x, y, batch_size=size, epochs=1, shuffle=False,
-                        verbose=0)
+                        verbose=0, callbacks=list(callbacks))
     wait_for_steps(model)
 
 
