@@ -5,7 +5,7 @@ Builds a model of `benchmarks.models` under a cap in this new process and
 trains `--steps` steps of `fit` at `--size`, with a callback that prints,
 at every batch end, the memory allocated and the peak since the last
 batch end (`torch.cuda`), and what the caching allocator reserved;
-`--collect N` adds `keras_memwatch.CollectCycles(every=N)`; `--check-first
+`--first-fit N` runs a `fit` of N steps first; `--collect N` adds `keras_memwatch.CollectCycles(every=N)`; `--check-first
 A,B` first measures those sizes as `estimate_max_batch_size`'s checks do
 (`capacity.steps.Steps`), in this process. The last line is the job's end:
 ran, or the allocator's message.
@@ -29,6 +29,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--limit-mb", type=float, default=None)
     parser.add_argument("--collect", type=int, default=0,
                         help="CollectCycles(every=N); 0: none")
+    parser.add_argument("--first-fit", type=int, default=0,
+                        help="a `fit` of this many steps before the job's own, as "
+                             "ways_check's trials and the estimate's steps run")
     parser.add_argument("--check-first", default="",
                         help="sizes measured as the checks measure them, first")
     args = parser.parse_args(argv)
@@ -67,6 +70,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.collect:
         callbacks.append(CollectCycles(every=args.collect))
     try:
+        if args.first_fit:
+            print(f"a first fit of {args.first_fit} steps:")
+            first = sample.take(args.size * args.first_fit)
+            keras.Model.fit(model, *first, batch_size=args.size, epochs=1,
+                            shuffle=False, verbose=0, callbacks=callbacks)
+            print("the job's fit:")
         keras.Model.fit(model, x, y, batch_size=args.size, epochs=1, shuffle=False,
                         verbose=0, callbacks=callbacks)
     except Exception as e:  # noqa: BLE001

@@ -54,7 +54,8 @@ layers_jax_test() { run 300 layers-jax-test env KERAS_BACKEND=jax \
 # under 8 GiB at a batch of 32, every lever; on PyTorch with its jobs, on JAX
 # the rows that fit the time (then again, warm, with its jobs: PHI3_VERIFY=1)
 ways_phi3_torch() { run 560 ways-phi3-torch env KERAS_BACKEND=torch python3 -m \
-  benchmarks.gpu.ways_check phi3 --limit-mb 8192 --batch 32 --verify --parallel 3; }
+  benchmarks.gpu.ways_check phi3 --limit-mb 8192 --batch 32 --verify --parallel 4 \
+  --json "$out/phi3-torch.json"; }
 ways_phi3_jax() { run 580 ways-phi3-jax env KERAS_BACKEND=jax python3 -m \
   benchmarks.gpu.ways_check phi3 --limit-mb 8192 --batch 32 --levers "$jax_levers" \
   --no-combinations --max-seconds ${WAYS_JAX_SECONDS:-520} --parallel 3 \
@@ -154,6 +155,14 @@ job_growth() { run 300 job-growth bash -c 'J="python3 -m benchmarks.gpu.job_step
       PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $J ${a% --expandable} > "$f" 2>&1 &
     else $J $a > "$f" 2>&1 & fi; done; wait
   for f in "$0"/job-steps-*; do echo "${f##*/}: $(tail -n 2 "$f" | cut -c1-600 | tr "\n" " ")"; done' "$out"; }
+# Phi-3 on PyTorch at the table's answer as is (19 on the H100) and above
+# it, one fit a new process: as a user runs it, and with CollectCycles,
+# which frees what Keras's build for the first batch leaves in cycles
+phi3_edge() { run 300 phi3-edge bash -c 'J="python3 -m benchmarks.gpu.job_steps phi3 \
+  --limit-mb 8192 --steps 30"; export KERAS_BACKEND=torch
+  for a in "--size 19" "--size 19" "--size 20" "--size 20 --collect 1000" \
+      "--size 20 --collect 1000" "--size 21 --collect 1000"; do
+    $J $a 2>/dev/null | tail -n 1 | sed "s/^/$a: /" & done; wait'; }
 compare_layers() {
   if [ -s "$out/torch.json" ] && [ -s "$out/jax.json" ]; then
     python3 -m benchmarks.gpu.by_layer_lm --compare "$out/torch.json" "$out/jax.json" \
