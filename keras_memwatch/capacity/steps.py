@@ -19,8 +19,11 @@ with nothing freed in between and the collector running, as in a job. A
 step meets what the steps before it left: blocks the caching allocator
 split, arrays held in reference cycles. On PyTorch the first step follows
 Keras's build of the model at that shape, as a new process's first `fit`
-does (`build_as_a_first_fit`). Without these, checks ran sizes that jobs
-in new processes could not (docs/ways-to-fit.md).
+does (`build_as_a_first_fit`), and what the build leaves in reference
+cycles stays through the measured steps (`gc.freeze`): in a job, only a
+full collection frees it, which may not come for many steps
+(`CollectCycles` runs one before the first). Without these, checks ran
+sizes that jobs in new processes could not (docs/ways-to-fit.md).
 """
 
 from __future__ import annotations
@@ -51,9 +54,8 @@ def build_as_a_first_fit(model: Any, x: Any) -> None:
 
     On PyTorch, where the forward pass cannot run on the meta device
     (keras-hub's Phi-3), Keras runs it on the model's device at that shape,
-    and its arrays stay in reference cycles until the collector reaches
-    them: the first step of a new process meets them. Nothing is collected
-    here.
+    and its arrays stay in reference cycles until a full collection: the
+    first steps of a new process meet them. Nothing is collected here.
     """
     from keras.src import backend
 
@@ -129,7 +131,7 @@ class Steps:
     def _measure(self, size: int, ladder: bool) -> Observation:
         batch = self.data.take(size)
         began = time.perf_counter()  # the measured steps', after the first
-        collecting = gc.isenabled()
+        collecting, frozen = gc.isenabled(), False
         try:
             # The first step at a new shape traces and compiles, and on a
             # GPU picks its kernels: not what a step of a long job needs.
@@ -137,6 +139,8 @@ class Steps:
                 self._clean()
             if self.builds_first:
                 self._build_first(batch[0])
+                gc.freeze()  # what the build left, out of the collector's reach
+                frozen = True
             fit_steps(self.model, batch, 1)
             if not self.device.on_gpu:
                 self._clean()
@@ -155,6 +159,8 @@ class Steps:
             need, ran = None, False
             del e
         finally:
+            if frozen:
+                gc.unfreeze()  # the next clean state collects it
             if collecting:
                 gc.enable()
         seconds = time.perf_counter() - began

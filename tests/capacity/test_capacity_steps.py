@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import weakref
 
 import keras
 import numpy as np
@@ -69,6 +70,39 @@ def test_on_a_gpu_a_sizes_steps_are_a_new_jobs_first_steps(monkeypatch):
 def test_on_the_host_the_measured_step_starts_clean_after_the_first(monkeypatch):
     assert _sequence(monkeypatch, on_gpu=False) == [
         "1 step(s)", "freed", "peaks reset", "1 step(s)"] * 2
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch",
+                    reason="PyTorch alone builds on the meta device, or eagerly")
+def test_what_kerass_build_leaves_stays_through_the_measured_steps(monkeypatch):
+    """In a job only a full collection frees what the build left, and none
+    may come for many steps: the measured steps meet it whatever the
+    collector does meanwhile, and the next size starts without it."""
+    import torch
+
+    phi3, x, y = tiny_phi3(vocabulary=97, sequence=16)
+    left: list[weakref.ref] = []  # the build's logits
+    alive: list[int] = []
+
+    def build(model, x):
+        steps_build(model, x)
+        left.extend(weakref.ref(t) for t in gc.get_objects()
+                    if issubclass(type(t), torch.Tensor) and tuple(t.shape) == (3, 16, 97))
+
+    def fit_steps(model, batch, n):
+        gc.collect()
+        alive.append(sum(ref() is not None for ref in left))
+
+    steps_build = steps.build_as_a_first_fit
+    monkeypatch.setattr(steps, "build_as_a_first_fit", build)
+    monkeypatch.setattr(steps, "fit_steps", fit_steps)
+    strategy = steps.Steps(phi3, Batches(x, y), FakeDevice(True, []), lambda line: None)
+    strategy.builds_first = True
+    alive.clear()  # the warm-up
+    strategy.check([3])
+    assert left and alive == [len(left)] * 2  # the first step, the measured ones
+    strategy._clean()
+    assert all(ref() is None for ref in left)
 
 
 def test_a_build_that_fails_is_said_once_and_the_sizes_measured_without_it(
