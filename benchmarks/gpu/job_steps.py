@@ -29,6 +29,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--limit-mb", type=float, default=None)
     parser.add_argument("--collect", type=int, default=0,
                         help="CollectCycles(every=N); 0: none")
+    parser.add_argument("--quiet", action="store_true",
+                        help="print nothing at batch ends (Python allocates less, "
+                             "so its collector runs at other moments)")
     parser.add_argument("--first-fit", type=int, default=0,
                         help="a `fit` of this many steps before the job's own, as "
                              "ways_check's trials and the estimate's steps run")
@@ -66,7 +69,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         checks.check([int(b) for b in args.check_first.split(",")])
         torch.cuda.reset_peak_memory_stats()
     x, y = sample.take(args.size * args.steps)
-    callbacks = [EachStep()]
+    callbacks = [] if args.quiet else [EachStep()]
     if args.collect:
         callbacks.append(CollectCycles(every=args.collect))
     try:
