@@ -160,7 +160,11 @@ def verify(record: dict[str, Any], args: argparse.Namespace) -> list[dict[str, A
         largest = row["largest_batch"]
         if setting is None or largest is None:
             continue
-        for size in (int(largest), int(largest * (1 + ABOVE)) + 1):
+        # the size above: 3% more, and at least one more sample a device
+        # batch where the row accumulates gradients (31 in 2 steps is 15 a step)
+        every = setting.get("accumulation", 1)
+        above = max(int(largest * (1 + ABOVE)) + 1, (int(largest) // every + 1) * every)
+        for size in (int(largest), above):
             jobs.append((row["lever"], size, ["trial", args.model, "--size", str(size),
                                                "--setting", json.dumps(setting),
                                                "--steps", str(args.steps)]
