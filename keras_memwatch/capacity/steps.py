@@ -45,6 +45,12 @@ from keras_memwatch.units import format_bytes
 #: meet blocks the first two left split (keras-hub Phi-3 under PyTorch).
 GPU_STEPS = 3
 
+#: What Keras's build may leave before the explanation says so.
+BUILD_LEFT_SAID = 2**20
+
+GPU_WORDS = "the allocator's peak of real steps"
+HOST_WORDS = "the host's peak resident memory of real steps"
+
 logger = logging.getLogger("keras_memwatch")
 
 
@@ -90,6 +96,9 @@ class Steps:
         #: Each size's first step follows Keras's build at its shape, as in
         #: a new process (on PyTorch, where that build may run on the GPU).
         self.builds_first = self.torch is not None
+        #: The largest bytes a build left, and at which size: `(0, 0)` where
+        #: its forward pass ran on the meta device, leaving nothing.
+        self.build_left = (0, 0)
         self.steps = GPU_STEPS if device.on_gpu else 1
         fit_steps(model, data.take(1), 1)  # builds, compiles, warms up
         self._clean()
@@ -100,8 +109,7 @@ class Steps:
         self.above_limit = capped
         self.ladder_width = 1
         self.check_width = 1
-        self.words = ("the allocator's peak of real steps" if device.on_gpu
-                      else "the host's peak resident memory of real steps")
+        self.words = GPU_WORDS if device.on_gpu else HOST_WORDS
 
     def ladder(self, sizes: Sequence[int]) -> list[Observation]:
         return [self._measure(b, ladder=True) for b in sizes]
@@ -117,7 +125,8 @@ class Steps:
         elif not self.device.on_gpu:
             trim_host_heap()
 
-    def _build_first(self, x: Any) -> None:
+    def _build_first(self, size: int, x: Any) -> None:
+        before = self.device.in_use()
         try:
             build_as_a_first_fit(self.model, x)
         except Exception as e:  # noqa: BLE001 - the build is an emulation
@@ -127,6 +136,16 @@ class Steps:
             logger.warning("estimate_max_batch_size: Keras's build of the model "
                            "from a batch's shapes raised %s; sizes are measured "
                            "without it", type(e).__name__)
+            return
+        left = self.device.in_use() - before
+        if left >= BUILD_LEFT_SAID and left > self.build_left[1]:
+            self.build_left = (size, left)
+            self.words = (
+                f"{GPU_WORDS}, holding what Keras's build for the first batch "
+                f"left in reference cycles, {format_bytes(left)} at batch {size}, "
+                "since this model's forward pass cannot run on PyTorch's meta "
+                "device; `keras_memwatch.CollectCycles()` in `fit`'s callbacks "
+                "frees it before the first step, where a larger batch may fit")
 
     def _measure(self, size: int, ladder: bool) -> Observation:
         batch = self.data.take(size)
@@ -138,7 +157,7 @@ class Steps:
             if self.device.on_gpu:
                 self._clean()
             if self.builds_first:
-                self._build_first(batch[0])
+                self._build_first(size, batch[0])
                 gc.freeze()  # what the build left, out of the collector's reach
                 frozen = True
             fit_steps(self.model, batch, 1)

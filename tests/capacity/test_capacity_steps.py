@@ -24,9 +24,10 @@ class FakeDevice:
     def __init__(self, on_gpu: bool, events: list[str]):
         self.on_gpu = on_gpu
         self.events = events
+        self.used = 0
 
     def in_use(self) -> int:
-        return 0
+        return self.used
 
     def limit(self, in_use: int):
         return 2**30, "a cap", True
@@ -103,6 +104,33 @@ def test_what_kerass_build_leaves_stays_through_the_measured_steps(monkeypatch):
     assert left and alive == [len(left)] * 2  # the first step, the measured ones
     strategy._clean()
     assert all(ref() is None for ref in left)
+
+
+def test_the_explanation_says_what_the_build_left_and_how_to_free_it(monkeypatch):
+    """Where Keras's build leaves arrays, the answers hold them, and the
+    measure's words say how much and that CollectCycles frees them; where it
+    leaves nothing (its forward pass ran on the meta device), they do not."""
+    device = FakeDevice(True, [])
+
+    def build(model, x):  # leaves 3 MiB a sample, as eager logits would
+        device.used += 3 * 2**20 * len(x)
+
+    monkeypatch.setattr(steps, "fit_steps", lambda model, batch, n: None)
+    monkeypatch.setattr(steps.Steps, "_clean", lambda self: None)
+    data = Batches(np.zeros((4, 2), "float32"), np.zeros((4,), "float32"))
+    for build_leaves in (False, True):
+        monkeypatch.setattr(steps, "build_as_a_first_fit",
+                            build if build_leaves else (lambda model, x: None))
+        strategy = steps.Steps(object(), data, device, lambda line: None)
+        strategy.builds_first = True
+        strategy.check([8, 16, 4])
+        if build_leaves:
+            assert strategy.build_left == (16, 48 * 2**20)
+            assert "left in reference cycles, 48.0 MiB at batch 16" in strategy.words
+            assert "`keras_memwatch.CollectCycles()`" in strategy.words
+        else:
+            assert strategy.build_left == (0, 0)
+            assert strategy.words == "the allocator's peak of real steps"
 
 
 def test_a_build_that_fails_is_said_once_and_the_sizes_measured_without_it(
