@@ -75,6 +75,9 @@ class Measured:
             cap before.
         left_open: where the time ran out (`max_seconds`), what the search
             left unmeasured or unbracketed; else `""`.
+        build_left: `(batch, bytes)`: the most that Keras's build for the
+            first batch left in reference cycles, held through the steps
+            (`capacity.steps`); `(0, 0)` where it left nothing.
     """
 
     observations: tuple[Observation, ...]
@@ -89,6 +92,7 @@ class Measured:
     held_bytes: int = 0
     widened_bytes: int = 0
     left_open: str = ""
+    build_left: tuple[int, int] = (0, 0)
 
     @property
     def ran_steps(self) -> bool:
@@ -217,18 +221,20 @@ def measure(variant: Variant, device: Optional[str], headroom: float,
                     strategy, variant, sizes, headroom, deadline, cache_directory,
                     dev.on_gpu, alone)
                 how = PLANNED
+                build_left = (0, 0)
             else:
                 observations, seconds, search = _by_steps(
                     strategy, variant, sizes, headroom, deadline, dev.on_gpu,
                     host_largest)
                 how = MEASURED
+                build_left = strategy.build_left
             limit = None if strategy.limit is None else strategy.limit - widened
             left = ((search.checks_left or search.stopped or "out of time "
                      "(max_seconds)") if search.out_of_time else "")
             return Measured(tuple(observations), state, strategy.in_use,
                             limit, strategy.limit_words, variant.batch_size,
                             seconds, how, dev.on_gpu, variant.held_bytes, widened,
-                            left)
+                            left, build_left)
         finally:
             if hasattr(strategy, "close"):
                 strategy.close()

@@ -170,7 +170,7 @@ def ways_to_fit(
         gc.collect()
     shown.done()
     as_is = account.as_is
-    first = T.measured_row(T.AS_IS, "", "the model as compiled", as_is, account)
+    first = T.measured_row(T.AS_IS, "", T.as_is_notes(as_is), as_is, account)
     return T.frame(first, rows, combos, {
         "batch_size": b, "headroom": headroom, "backend": keras.backend.backend(),
         "device": "GPU" if situation.on_gpu else "host",

@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 from keras_memwatch.explain.ways_text import AS_IS, WAYS_COLUMNS
 from keras_memwatch.ways.levers import Lever, compatible
+from keras_memwatch.units import format_bytes
 from keras_memwatch.ways.measure import Measured
 
 __all__ = ["AS_IS", "WAYS_COLUMNS", "Account", "best_combinations", "frame",
@@ -65,6 +66,18 @@ def measured_row(lever: str, change: str, notes: str, m: Measured,
             "saved_bytes": saved, "largest_batch": largest,
             "step_time_ratio": account.ratio(m), "fits": fits, "how": how,
             "notes": notes}
+
+
+def as_is_notes(m: Measured) -> str:
+    """The first row's notes: the model as compiled, and what Keras's build
+    left that `CollectCycles` would free."""
+    size, left = m.build_left
+    if not left:
+        return "the model as compiled"
+    return (f"the model as compiled; Keras's build for the first batch left "
+            f"{format_bytes(left)} at batch {size} in reference cycles, held "
+            "through the steps here: `keras_memwatch.CollectCycles()` in `fit`'s "
+            "callbacks frees it before the first step (not measured)")
 
 
 def unmeasured_row(lever: str, change: str, how: str, notes: str) -> dict[str, Any]:

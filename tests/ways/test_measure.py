@@ -66,6 +66,7 @@ class FakeSteps:
     ladder_width = check_width = 1
     aims, deadline = False, None
     words = limit_words = "a fake GPU"
+    build_left = (0, 0)  # Keras's build ran on the meta device
 
     def __init__(self, gpu, model):
         self.model = model
@@ -148,6 +149,19 @@ def test_step_times_compare_at_the_sizes_asked_for_the_wanted_batch(monkeypatch)
     monkeypatch.setattr(FakeSteps, "_observe", observe)
     _, _, frame = on_fake_gpu(monkeypatch, 14 * MIB, widens=True)
     assert frame.set_index("lever").loc["sgd_momentum", "step_time_ratio"] == 1.0
+
+
+def test_the_first_row_says_what_kerass_build_left_and_how_to_free_it(monkeypatch):
+    """Where Keras's build for the first batch leaves arrays in reference
+    cycles (PyTorch, a forward pass the meta device cannot run), the rows
+    hold them, and the first row's notes name the callback that frees them."""
+    _, _, plain = on_fake_gpu(monkeypatch, 14 * MIB, widens=True)
+    assert plain.set_index("lever").loc["as is", "notes"] == "the model as compiled"
+    monkeypatch.setattr(FakeSteps, "build_left", (16, 48 * MIB))
+    _, _, frame = on_fake_gpu(monkeypatch, 14 * MIB, widens=True)
+    notes = frame.set_index("lever").loc["as is", "notes"]
+    assert "left 48.0 MiB at batch 16 in reference cycles" in notes
+    assert "`keras_memwatch.CollectCycles()`" in notes and "(not measured)" in notes
 
 
 @pytest.mark.parametrize("widens", [True, False], ids=["cap widened", "cap fixed"])
