@@ -4,8 +4,9 @@ steps of one `fit`?
 Builds a model of `benchmarks.models` under a cap in this new process and
 trains `--steps` steps of `fit` at `--size`, with a callback that prints,
 at every batch end, the memory allocated and the peak since the last
-batch end (`torch.cuda`), and what the caching allocator reserved;
-`--first-fit N` runs a `fit` of N steps first; `--collect N` adds `keras_memwatch.CollectCycles(every=N)`; `--check-first
+batch end (`torch.cuda`), and what the caching allocator reserved
+(`--quiet`: nothing); `--first-fit N` runs a `fit` of N steps first;
+`--collect N` adds `keras_memwatch.CollectCycles(every=N)`; `--check-first
 A,B` first measures those sizes as `estimate_max_batch_size`'s checks do
 (`capacity.steps.Steps`), in this process. The last line is the job's end:
 ran, or the allocator's message.

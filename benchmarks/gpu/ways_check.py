@@ -13,9 +13,10 @@ under the whole cap, what a job can reach). `--verify` then trains, for
 every measured row, its `largest_batch` and 3% above it as jobs in new
 processes side by side (`trial`: a dtype policy set before the model is
 built, as the row's `change` says, the rest of the row's setting made
-with `keras_memwatch.ways.variant.realized`, one `fit` of `--steps` steps after
-the first, as a user runs it), and prints whether each ran and its time a sample: an answer
-is right when its size runs and the size 3% above does not. On a CPU, a
+with `keras_memwatch.ways.variant.realized`, then one `fit`, as a user
+runs it, timed after its first step), and prints whether each ran and
+its time a sample: an answer is right when its size runs and the size
+3% above does not. On a CPU, a
 tiny model without a cap (`conv_tiny`, `gpt2_tiny`) is a smoke test.
 Models: `benchmarks.models`.
 """

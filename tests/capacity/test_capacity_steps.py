@@ -88,7 +88,8 @@ def test_what_kerass_build_leaves_stays_through_the_measured_steps(monkeypatch):
     def build(model, x):
         steps_build(model, x)
         left.extend(weakref.ref(t) for t in gc.get_objects()
-                    if issubclass(type(t), torch.Tensor) and tuple(t.shape) == (3, 16, 97))
+                    if issubclass(type(t), torch.Tensor)
+                    and tuple(t.shape) == (3, 16, 97))
 
     def fit_steps(model, batch, n):
         gc.collect()
