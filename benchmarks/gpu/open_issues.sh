@@ -15,7 +15,8 @@
 # (run on 2026-12-05: ways_room heldout_capacity heldout_jobs accumulation_edge
 # ways_resconv_torch; then phases, bert_speed, bert_jobs, ways_resconv_jax,
 # resconv_jax_edge, resconv_in_flight; on 2026-12-06: jax_row_jobs quiet_oom,
-# then ways_check with sgd_momentum, then remat; docs/gpu-validation.md)
+# then ways_check with sgd_momentum, then remat; later ways_phi3_torch,
+# phi3_edge; docs/gpu-validation.md)
 # `together` runs the named jobs side by side, then compares the two
 # by-layer runs where both ran.
 set -uo pipefail
