@@ -68,6 +68,16 @@ def build_as_a_first_fit(model: Any, x: Any) -> None:
     backend.compute_output_spec(model, input_specs(x), training=False)
 
 
+def build_left_words(size: int, left: int) -> str:
+    """What Keras's build left (`left` bytes at batch `size`) and how a user
+    frees it, in words."""
+    return (f"Keras's build for the first batch left {format_bytes(left)} at "
+            f"batch {size} in reference cycles, held through the steps here, "
+            "since this model's forward pass cannot run on PyTorch's meta "
+            "device; `keras_memwatch.CollectCycles()` in `fit`'s callbacks frees "
+            "it before the first step, where a larger batch may fit")
+
+
 class Steps:
     """Answers "what does batch b need, and does it run?" with real steps.
 
@@ -140,12 +150,7 @@ class Steps:
         left = self.device.in_use() - before
         if left >= BUILD_LEFT_SAID and left > self.build_left[1]:
             self.build_left = (size, left)
-            self.words = (
-                f"{GPU_WORDS}, holding what Keras's build for the first batch "
-                f"left in reference cycles, {format_bytes(left)} at batch {size}, "
-                "since this model's forward pass cannot run on PyTorch's meta "
-                "device; `keras_memwatch.CollectCycles()` in `fit`'s callbacks "
-                "frees it before the first step, where a larger batch may fit")
+            self.words = f"{GPU_WORDS}; {build_left_words(size, left)}"
 
     def _measure(self, size: int, ladder: bool) -> Observation:
         batch = self.data.take(size)

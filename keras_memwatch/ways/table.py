@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from keras_memwatch.explain.ways_text import AS_IS, WAYS_COLUMNS
 from keras_memwatch.ways.levers import Lever, compatible
-from keras_memwatch.units import format_bytes
+from keras_memwatch.capacity.steps import build_left_words
 from keras_memwatch.ways.measure import Measured
 
 __all__ = ["AS_IS", "WAYS_COLUMNS", "Account", "best_combinations", "frame",
@@ -70,14 +70,11 @@ def measured_row(lever: str, change: str, notes: str, m: Measured,
 
 def as_is_notes(m: Measured) -> str:
     """The first row's notes: the model as compiled, and what Keras's build
-    left that `CollectCycles` would free."""
+    left that `CollectCycles` would free (not measured)."""
     size, left = m.build_left
     if not left:
         return "the model as compiled"
-    return (f"the model as compiled; Keras's build for the first batch left "
-            f"{format_bytes(left)} at batch {size} in reference cycles, held "
-            "through the steps here: `keras_memwatch.CollectCycles()` in `fit`'s "
-            "callbacks frees it before the first step (not measured)")
+    return f"the model as compiled; {build_left_words(size, left)} (not measured)"
 
 
 def unmeasured_row(lever: str, change: str, how: str, notes: str) -> dict[str, Any]:

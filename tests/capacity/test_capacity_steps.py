@@ -127,7 +127,7 @@ def test_the_explanation_says_what_the_build_left_and_how_to_free_it(monkeypatch
         strategy.check([8, 16, 4])
         if build_leaves:
             assert strategy.build_left == (16, 48 * 2**20)
-            assert "left in reference cycles, 48.0 MiB at batch 16" in strategy.words
+            assert "left 48.0 MiB at batch 16 in reference cycles" in strategy.words
             assert "`keras_memwatch.CollectCycles()`" in strategy.words
         else:
             assert strategy.build_left == (0, 0)
