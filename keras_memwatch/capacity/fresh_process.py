@@ -54,7 +54,11 @@ class Jobs:
         self.check_width = steps.check_width
         self.in_use, self.limit = steps.in_use, steps.limit
         self.limit_words = steps.limit_words
-        self.words = f"{steps.words}; checks as jobs in new processes"
+
+    @property
+    def words(self) -> str:
+        """What the ladder's needs are read from, and how the checks are."""
+        return f"{self.steps.words}; checks as jobs in new processes"
 
     @classmethod
     def around(cls, steps: Any) -> Any:

@@ -119,7 +119,14 @@ class Steps:
         self.above_limit = capped
         self.ladder_width = 1
         self.check_width = 1
-        self.words = GPU_WORDS if device.on_gpu else HOST_WORDS
+
+    @property
+    def words(self) -> str:
+        """What a size's need is read from, and what Keras's build left."""
+        if not self.device.on_gpu:
+            return HOST_WORDS
+        size, left = self.build_left
+        return f"{GPU_WORDS}; {build_left_words(size, left)}" if left else GPU_WORDS
 
     def ladder(self, sizes: Sequence[int]) -> list[Observation]:
         return [self._measure(b, ladder=True) for b in sizes]
@@ -150,7 +157,6 @@ class Steps:
         left = self.device.in_use() - before
         if left >= BUILD_LEFT_SAID and left > self.build_left[1]:
             self.build_left = (size, left)
-            self.words = f"{GPU_WORDS}; {build_left_words(size, left)}"
 
     def _measure(self, size: int, ladder: bool) -> Observation:
         batch = self.data.take(size)

@@ -7,9 +7,9 @@ import itertools
 from collections.abc import Sequence
 from typing import Any, Optional
 
+from keras_memwatch.capacity.steps import build_left_words
 from keras_memwatch.explain.ways_text import AS_IS, WAYS_COLUMNS
 from keras_memwatch.ways.levers import Lever, compatible
-from keras_memwatch.capacity.steps import build_left_words
 from keras_memwatch.ways.measure import Measured
 
 __all__ = ["AS_IS", "WAYS_COLUMNS", "Account", "best_combinations", "frame",
