@@ -48,14 +48,10 @@ def test_every_must_be_a_positive_whole_number_of_batches(every):
 
 def test_collects_every_n_batches_across_epochs_and_frees_the_cycles(caplog):
     maker, collect = MakesCycles(), CollectCycles(every=3)
-    gc.collect()
-    gc.disable()  # only CollectCycles collects
-    try:
+    with collector_paused():  # only CollectCycles collects
         with caplog.at_level(logging.INFO, logger="keras_memwatch"):
             fit([maker, collect])  # 2 epochs of 7 batches
         alive = [i for i, ref in enumerate(maker.made) if ref() is not None]
-    finally:
-        gc.enable()
     assert len(maker.made) == 14
     assert collect.collections == 5  # at the start, after batches 3, 6, 9 and 12
     assert alive == [12, 13]  # the cycles made after the last collection
@@ -86,14 +82,10 @@ def tensors_left_by(callbacks, steps=23):
     def count():
         return sum(issubclass(type(o), torch.Tensor) for o in gc.get_objects())
 
-    gc.collect()
-    gc.disable()
-    try:
+    with collector_paused():
         before = count()
         model.fit(x, y, batch_size=4, verbose=0, callbacks=callbacks)
         return count() - before
-    finally:
-        gc.enable()
 
 
 def test_on_pytorch_it_frees_what_keras_leaves_in_cycles():
