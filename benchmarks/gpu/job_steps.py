@@ -35,7 +35,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                              "so its collector runs at other moments)")
     parser.add_argument("--first-fit", type=int, default=0,
                         help="a `fit` of this many steps before the job's own, as "
-                             "ways_check's trials and the estimate's steps run")
+                             "the estimate's steps run (one step, then the measured)")
     parser.add_argument("--check-first", default="",
                         help="sizes measured as the checks measure them, first")
     args = parser.parse_args(argv)
