@@ -35,7 +35,8 @@ from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
 from keras_memwatch.measure.batches import Batches, fit_steps
-from keras_memwatch.measure.device import Device, trim_host_heap
+from keras_memwatch.measure.device import Device
+from keras_memwatch.measure.host_heap import trim_host_heap
 from keras_memwatch.capacity.evidence import STEP, Observation
 from keras_memwatch.oom_errors import is_oom_error
 from keras_memwatch.record.batch_shapes import input_specs

@@ -6,10 +6,11 @@ same readings MemWatch records.
 
 from __future__ import annotations
 
-import sys
+import contextlib
 from typing import Optional
 
 from keras_memwatch import columns as C
+from keras_memwatch.measure.host_heap import heap_follows_arrays, trim_host_heap
 from keras_memwatch.measure.host_memory import host_available_bytes
 from keras_memwatch.configure.devices import device_label
 from keras_memwatch.judge.derived import device_limit
@@ -18,25 +19,15 @@ from keras_memwatch.units import format_bytes
 HOST = C.HOST_DEVICE
 
 
-def trim_host_heap() -> None:
-    """Hands freed glibc heap memory back to the system (Linux only)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except Exception:
-        pass
-
-
 class Device:
     """One device, read through the probes of the active backend.
 
     Args:
         backend: the Keras backend.
         device: `"GPU:<i>"`, `"host"`, or `None` for the first GPU the
-            backend computes on, else the host.
+            backend computes on, else the host. On the host, until `close`,
+            glibc hands each large block back when it is freed
+            (`host_heap.heap_follows_arrays`).
 
     Raises:
         ValueError: for a device the backend does not compute on.
@@ -69,6 +60,9 @@ class Device:
         self.on_gpu = name != HOST
         self.gpu_index = int(name.split(":")[1]) if self.on_gpu else None
         self.peak_column = C.ALLOCATOR_PEAK if self.on_gpu else C.HOST_PEAK_RSS
+        self._heap = contextlib.ExitStack()
+        if not self.on_gpu:
+            self._heap.enter_context(heap_follows_arrays())
 
     def read(self) -> dict[str, Optional[int]]:
         """The device's row now (it resets the peaks that can be reset)."""
@@ -114,5 +108,7 @@ class Device:
         return None, f"no probe reports a limit for {self.name}", False
 
     def close(self) -> None:
-        """Stops the probes."""
+        """Stops the probes (and, on the host, leaves glibc's heap as
+        `heap_follows_arrays` does)."""
         self.sampler.close()
+        self._heap.close()
