@@ -42,9 +42,12 @@ def _libc() -> Optional[ctypes.CDLL]:
 
 def trim_host_heap() -> None:
     """Hands freed glibc heap memory back to the system (Linux only)."""
-    libc = _libc()
-    if libc is not None:
-        libc.malloc_trim(0)
+    try:
+        libc = _libc()
+        if libc is not None:
+            libc.malloc_trim(0)
+    except AttributeError:  # a libc without `malloc_trim`
+        pass
 
 
 def _set_threshold(libc: Optional[ctypes.CDLL], value: int) -> bool:
