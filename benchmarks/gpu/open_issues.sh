@@ -65,9 +65,10 @@ ways_torch() { run 300 ways-torch env KERAS_BACKEND=torch python3 -m benchmarks.
   --limit-mb 8192 --batch 16 --levers mixed_precision,adafactor,sgd_momentum,gradient_accumulation \
   --no-combinations --verify --parallel 2; }
 # the room an optimizer variant meets beside the user's model: widened, or
-# with the held slots on the host
+# with the held slots on the host; ROOM_SIZES in the order asked (the row's
+# search asks 4, 8 and 16 before the sizes near its limit)
 ways_room() { run 200 ways-room env KERAS_BACKEND=torch python3 -m benchmarks.gpu.ways_room gpt2 \
-  --limit-mb 8192 --sizes 13,14,15; }
+  --limit-mb 8192 --sizes ${ROOM_SIZES:-13,14,15}; }
 # each JAX row is bracketed (a few minutes a row on GPT-2 base), so the table
 # takes two calls on a warm machine: the rows that fit the time, kept in one
 # cache; then the table again from it (the warm time), the rows left, and
@@ -79,9 +80,11 @@ ways_jax_table() { run 580 ways-jax-table env KERAS_BACKEND=jax python3 -m \
 ways_jax() { run 580 ways-jax env KERAS_BACKEND=jax python3 -m benchmarks.gpu.ways_check gpt2 \
   --limit-mb 8192 --batch 48 --levers $jax_levers --no-combinations --verify --parallel 3 \
   --max-seconds ${WAYS_JAX_SECONDS:-200} --compilation-cache "$cache/jax-cache"; }
+# RESCONV_REPEAT: each job that many times, each in a new process (at this
+# convnet's limit one process trains a size and the next does not)
 ways_resconv_torch() { run 400 ways-resconv-torch env KERAS_BACKEND=torch python3 -m \
   benchmarks.gpu.ways_check resconv --limit-mb 6144 --batch 512 --no-combinations --verify \
-  --parallel 3 --levers ${resconv_levers:-all}; }
+  --parallel 3 --levers ${resconv_levers:-all} --repeat ${RESCONV_REPEAT:-1}; }
 ways_resconv_jax() { run 585 ways-resconv-jax env KERAS_BACKEND=jax python3 -m \
   benchmarks.gpu.ways_check resconv --limit-mb 6144 --batch 512 --no-combinations --verify \
   --levers gradient_accumulation --parallel 4 --max-seconds 370; }

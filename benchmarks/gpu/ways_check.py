@@ -16,7 +16,10 @@ built, as the row's `change` says, the rest of the row's setting made
 with `keras_memwatch.ways.variant.realized`, then one `fit`, as a user
 runs it, timed after its first step), and prints whether each ran and
 its time a sample: an answer is right when its size runs and the size
-3% above does not. On a CPU, a
+3% above does not. With `--repeat N` each job runs N times, each in its
+own process, and the verdict counts them: at a limit where one process
+trains a size and the next does not, an answer that trains some of the
+times is "at the edge", not right or above. On a CPU, a
 tiny model without a cap (`conv_tiny`, `gpt2_tiny`) is a smoke test.
 Models: `benchmarks.models`.
 """
@@ -153,8 +156,6 @@ def _release_cached_memory() -> None:
 
 def verify(record: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
     """Each measured row's largest batch and 3% above it, as jobs."""
-    from keras_memwatch.units import format_bytes
-
     jobs = []
     for row in record["table"]:
         setting = record["settings"].get(row["lever"])
@@ -165,7 +166,7 @@ def verify(record: dict[str, Any], args: argparse.Namespace) -> list[dict[str, A
         # batch where the row accumulates gradients (31 in 2 steps is 15 a step)
         every = setting.get("accumulation", 1)
         above = max(int(largest * (1 + ABOVE)) + 1, (int(largest) // every + 1) * every)
-        for size in (int(largest), above):
+        for size in [int(largest)] * args.repeat + [above] * args.repeat:
             jobs.append((row["lever"], size, ["trial", args.model, "--size", str(size),
                                                "--setting", json.dumps(setting),
                                                "--steps", str(args.steps)]
@@ -175,21 +176,52 @@ def verify(record: dict[str, Any], args: argparse.Namespace) -> list[dict[str, A
         done = list(pool.map(lambda job: _child(job[2]), jobs))
     results = [{"lever": lever, "size": size, **result}
                for (lever, size, _), result in zip(jobs, done)]
-    print(f"\nJobs in fresh processes ({args.steps} steps each):")
+    print(f"\nJobs in fresh processes ({args.steps} steps each"
+          + (f", each {args.repeat} times" if args.repeat > 1 else "") + "):")
     by_lever: dict[str, list[dict[str, Any]]] = {}
     for r in results:
         by_lever.setdefault(r["lever"], []).append(r)
-    for lever, (at, above) in by_lever.items():
-        verdict = ("right" if at["ran"] and above["ran"] is False else
-                   "ABOVE the limit" if at["ran"] is False else
-                   "more than 3% low" if above["ran"] else "no result")
-        time_text = (f", {at['seconds_per_sample'] * 1e3:.3f} ms a sample"
-                     if at.get("seconds_per_sample") else "")
-        if at.get("peak_bytes"):
-            time_text += f", peak {format_bytes(at['peak_bytes'])} alone"
-        print(f"  {lever}: batch {at['size']} ran={at['ran']}, batch {above['size']} "
-              f"ran={above['ran']}: {verdict}{time_text}")
+    for lever, runs in by_lever.items():
+        at, above = runs[:args.repeat], runs[args.repeat:]
+        print(f"  {lever}: batch {at[0]['size']} {_ran(at)}, batch {above[0]['size']} "
+              f"{_ran(above)}: {_verdict(at, above)}{_figures(at)}")
     return results
+
+
+def _ran(runs: list[dict[str, Any]]) -> str:
+    """`ran=True` for one job; `ran 2 of 3` for several."""
+    if len(runs) == 1:
+        return f"ran={runs[0]['ran']}"
+    return f"ran {sum(r['ran'] is True for r in runs)} of {len(runs)}"
+
+
+def _verdict(at: list[dict[str, Any]], above: list[dict[str, Any]]) -> str:
+    """Right: every job at the answer ran and none above it did."""
+    if any(r["ran"] is None for r in at + above):
+        return "no result"
+    ran_at = sum(r["ran"] for r in at)
+    ran_above = sum(r["ran"] for r in above)
+    if ran_at == 0:
+        return "ABOVE the limit"
+    if ran_at < len(at):
+        return f"at the edge (the answer ran {ran_at} of {len(at)} times)"
+    if ran_above == len(above):
+        return "more than 3% low"
+    if ran_above:
+        return f"right, at the edge (the size above ran {ran_above} of {len(above)} times)"
+    return "right"
+
+
+def _figures(at: list[dict[str, Any]]) -> str:
+    """The first job at the answer that ran: its time a sample and peak."""
+    from keras_memwatch.units import format_bytes
+
+    ran = next((r for r in at if r["ran"]), {})
+    text = (f", {ran['seconds_per_sample'] * 1e3:.3f} ms a sample"
+            if ran.get("seconds_per_sample") else "")
+    if ran.get("peak_bytes"):
+        text += f", peak {format_bytes(ran['peak_bytes'])} alone"
+    return text
 
 
 def main(argv: Any = None) -> int:
@@ -216,6 +248,9 @@ def main(argv: Any = None) -> int:
                         help="steps of each job (default: 30; on JAX the batches "
                              "`fit` holds ahead pile up over the first steps)")
     parser.add_argument("--parallel", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="--verify: run each job this many times, each in a "
+                             "new process (default: 1)")
     parser.add_argument("--size", type=int, default=None, help="trial: the batch")
     parser.add_argument("--setting", default="{}", help="trial: the row's setting")
     parser.add_argument("--json", default=None, help="write the results here as JSON")
