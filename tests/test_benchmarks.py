@@ -184,6 +184,23 @@ def test_compile_phases_adds_up_each_sets_pass_times_from_xla_log():
     assert out["fit"] == pytest.approx({"config-assigner": 8.49})
 
 
+def test_ways_check_calls_an_answer_that_trains_in_some_processes_at_the_edge():
+    """A row's answer is right when every job at it ran and none 3% above
+    did; where some of the repeated jobs at a size ran, the verdict says
+    so rather than calling it right or above."""
+    from benchmarks.gpu.ways_check import _ran, _verdict
+
+    ran, oom, lost = {"ran": True}, {"ran": False}, {"ran": None}
+    assert _verdict([ran], [oom]) == "right"
+    assert _verdict([oom], [oom]) == "ABOVE the limit"
+    assert _verdict([ran], [ran]) == "more than 3% low"
+    assert _verdict([ran], [lost]) == "no result"
+    assert _verdict([ran, oom, ran], [oom] * 3) == (
+        "at the edge (the answer ran 2 of 3 times)")
+    assert _verdict([ran] * 3, [oom, ran, oom]).startswith("right, at the edge")
+    assert (_ran([ran]), _ran([ran, oom, ran])) == ("ran=True", "ran 2 of 3")
+
+
 def test_by_layer_check_splits_the_small_convnet_on_the_cpu():
     """The GPU check of issue 40, on the CPU: the small convnet's top layers,
     the layers' sum against the step's working memory, as JSON."""
