@@ -208,7 +208,8 @@ def _verdict(at: list[dict[str, Any]], above: list[dict[str, Any]]) -> str:
     if ran_above == len(above):
         return "more than 3% low"
     if ran_above:
-        return f"right, at the edge (the size above ran {ran_above} of {len(above)} times)"
+        return (f"right, at the edge (the size above ran {ran_above} of "
+                f"{len(above)} times)")
     return "right"
 
 
