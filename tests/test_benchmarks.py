@@ -201,6 +201,34 @@ def test_ways_check_calls_an_answer_that_trains_in_some_processes_at_the_edge():
     assert (_ran([ran]), _ran([ran, oom, ran])) == ("ran=True", "ran 2 of 3")
 
 
+def test_peak_owners_replays_an_allocator_record_to_its_peak_or_its_failure():
+    """The live bytes at the record's peak, by the innermost Keras frame
+    that allocated them; blocks from before the record count as such, and
+    a failed allocation ends the replay with the asked bytes."""
+    from benchmarks.gpu.peak_owners import owner, replay
+
+    conv = [{"filename": "/k/keras/src/layers/conv.py", "name": "call"},
+            {"filename": "/k/keras/src/trainers/trainer.py", "name": "fit"}]
+    sgd = [{"filename": "/k/keras/src/optimizers/sgd.py", "name": "update_step"}]
+    assert owner(conv) == "layer: conv.py:call"
+    assert owner(conv[::-1]) == "trainer: trainer.py:fit"
+    assert owner([{"filename": "x.py", "name": "<module>"}] + conv[::-1]) == (
+        "layer: conv.py:call")
+    assert owner([]).startswith("no Keras frame")
+    trace = [{"action": "alloc", "addr": 1, "size": 100, "frames": conv},
+             {"action": "alloc", "addr": 2, "size": 50, "frames": sgd},
+             {"action": "free_completed", "addr": 1, "size": 100},
+             {"action": "free_completed", "addr": 9, "size": 30},
+             {"action": "alloc", "addr": 3, "size": 60, "frames": sgd}]
+    peak = replay(trace, before=40)
+    assert peak["peak"] == 190 and not peak["oom"]
+    assert peak["owners"]["layer: conv.py:call"] == 100
+    assert peak["owners"]["allocated before the record"] == 40
+    failed = replay(trace + [{"action": "oom", "size": 500}], before=40)
+    assert failed["oom"] and failed["peak"] == 10 + 50 + 60 + 500
+    assert failed["largest"][0] == (60, "optimizer: sgd.py:update_step")
+
+
 def test_by_layer_check_splits_the_small_convnet_on_the_cpu():
     """The GPU check of issue 40, on the CPU: the small convnet's top layers,
     the layers' sum against the step's working memory, as JSON."""
