@@ -26,6 +26,7 @@ _PUBLIC = {
     "MemWatch": "keras_memwatch.callback",
     "SpikeDetector": "keras_memwatch.judge.detector",
     "SpikeEvent": "keras_memwatch.judge.events",
+    "break_tree_cycles": "keras_memwatch.configure.tree_cycles",
     "configure_memory": "keras_memwatch.configure",
     "estimate_max_batch_size": "keras_memwatch.capacity",
     "load_log": "keras_memwatch.record.log_reader",
@@ -42,6 +43,7 @@ __all__ = sorted(_PUBLIC)
 if TYPE_CHECKING:
     from keras_memwatch.capacity import CapacityEstimate, estimate_max_batch_size
     from keras_memwatch.cycles import CollectCycles
+    from keras_memwatch.configure.tree_cycles import break_tree_cycles
     from keras_memwatch.explain.guard import oom_guard
     from keras_memwatch.explain.plot import plot_by_layer
     from keras_memwatch.explain.layers import memory_by_layer

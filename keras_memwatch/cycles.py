@@ -5,7 +5,8 @@ activations, in reference cycles (keras-team/keras#23110). Only Python's
 cyclic garbage collector frees them, at moments set by everything the
 process allocates, so device memory can pile up for many steps and a job
 dies at a size that trained its first epochs. A full collection every few
-batches bounds that. The jobs that show it, and what the collections cost,
+batches bounds that; `keras_memwatch.break_tree_cycles()` stops Keras's
+tree functions making them. The jobs that show it, and what each costs,
 are in docs/capacity.md.
 """
 

@@ -434,3 +434,35 @@ def run_out_of_memory_child(tmp_path, body: str, backend: str = "jax") -> dict:
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def tensors_left_by(callbacks, steps=23):
+    """Torch tensors left alive after `steps` steps of `fit`, with Python's
+    automatic collector off (what a job holds between its collections)."""
+    import gc
+
+    import keras
+    import torch
+
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    model.compile(optimizer="adam", loss="mse")
+    x, y = np.zeros((steps * 4, 8), "float32"), np.zeros((steps * 4, 4), "float32")
+    model.fit(x[:4], y[:4], batch_size=4, verbose=0)  # built, compiled
+
+    def count():
+        return sum(issubclass(type(o), torch.Tensor) for o in gc.get_objects())
+
+    with collector_paused():
+        before = count()
+        model.fit(x, y, batch_size=4, verbose=0, callbacks=callbacks)
+        return count() - before
+
+
+@pytest.fixture
+def tree_functions_restored(monkeypatch):
+    """Keras's PyTorch tree functions are put back after the test (where a
+    test calls `break_tree_cycles`)."""
+    from keras.src.tree import torchtree_impl
+
+    for name in ("_dict_to_ordered_dict", "traverse"):
+        monkeypatch.setattr(torchtree_impl, name, getattr(torchtree_impl, name))

@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import pytest
 
-from conftest import arrays_of_shape, collector_paused, tiny_phi3
+from conftest import arrays_of_shape, collector_paused, tensors_left_by, tiny_phi3
 from keras_memwatch import CollectCycles
 
 
@@ -70,24 +70,6 @@ def test_reads_no_logs_so_keras_need_not_wait_for_the_step():
     assert CollectCycles.async_safe is True
 
 
-def tensors_left_by(callbacks, steps=23):
-    """Torch tensors left alive after `steps` steps of `fit`, with Python's
-    automatic collector off (what a job holds between its collections)."""
-    import torch
-
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
-    model.compile(optimizer="adam", loss="mse")
-    x, y = np.zeros((steps * 4, 8), "float32"), np.zeros((steps * 4, 4), "float32")
-    model.fit(x[:4], y[:4], batch_size=4, verbose=0)  # built, compiled
-    def count():
-        return sum(issubclass(type(o), torch.Tensor) for o in gc.get_objects())
-
-    with collector_paused():
-        before = count()
-        model.fit(x, y, batch_size=4, verbose=0, callbacks=callbacks)
-        return count() - before
-
-
 def test_on_pytorch_it_frees_what_keras_leaves_in_cycles():
     if keras.backend.backend() != "torch":
         pytest.skip("the cycles are Keras's PyTorch backend's")
@@ -122,3 +104,4 @@ def test_frees_the_forward_pass_of_kerass_build_before_the_first_step(collect):
     with collector_paused():
         model.fit(x, y, batch_size=3, epochs=1, verbose=0, callbacks=callbacks)
     assert (counts.alive == 0) if collect else (counts.alive >= 1)
+
