@@ -23,7 +23,10 @@ does (`build_as_a_first_fit`), and what the build leaves in reference
 cycles stays through the measured steps (`gc.freeze`): in a job, only a
 full collection frees it, which may not come for many steps
 (`CollectCycles` runs one before the first). Without these, checks ran
-sizes that jobs in new processes could not (docs/ways-to-fit.md).
+sizes that jobs in new processes could not (docs/ways-to-fit.md). Where
+this Keras holds each step's arrays in reference cycles, a job's steps
+meet them or not as the collector falls, and the words say so and name
+`break_tree_cycles`.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from keras_memwatch.measure.batches import Batches, fit_steps
 from keras_memwatch.measure.device import Device
 from keras_memwatch.measure.host_heap import trim_host_heap
 from keras_memwatch.capacity.evidence import STEP, Observation
+from keras_memwatch.configure.tree_cycles import tree_holds_cycles
 from keras_memwatch.oom_errors import is_oom_error
 from keras_memwatch.record.batch_shapes import input_specs
 from keras_memwatch.units import format_bytes
@@ -50,6 +54,11 @@ GPU_STEPS = 3
 BUILD_LEFT_SAID = 2**20
 
 GPU_WORDS = "the allocator's peak of real steps"
+TREE_CYCLES_WORDS = (
+    "Keras's PyTorch backend holds each step's arrays in reference cycles until "
+    "Python's collector runs (keras-team/keras#23110), so a `fit` near the limit "
+    "may meet earlier steps' arrays; `keras_memwatch.break_tree_cycles()` before "
+    "`fit` stops it")
 HOST_WORDS = "the host's peak resident memory of real steps"
 
 logger = logging.getLogger("keras_memwatch")
@@ -110,6 +119,9 @@ class Steps:
         #: The largest bytes a build left, and at which size: `(0, 0)` where
         #: its forward pass ran on the meta device, leaving nothing.
         self.build_left = (0, 0)
+        #: Whether this Keras holds a step's arrays in reference cycles.
+        self.tree_cycles = (device.on_gpu and device.backend == "torch"
+                            and tree_holds_cycles())
         self.steps = GPU_STEPS if device.on_gpu else 1
         fit_steps(model, data.take(1), 1)  # builds, compiles, warms up
         self._clean()
@@ -123,11 +135,13 @@ class Steps:
 
     @property
     def words(self) -> str:
-        """What a size's need is read from, and what Keras's build left."""
+        """What a size's need is read from, what Keras's build left, and
+        whether Keras holds steps' arrays in reference cycles."""
         if not self.device.on_gpu:
             return HOST_WORDS
         size, left = self.build_left
-        return f"{GPU_WORDS}; {build_left_words(size, left)}" if left else GPU_WORDS
+        parts = [GPU_WORDS] + ([build_left_words(size, left)] if left else [])
+        return "; ".join(parts + ([TREE_CYCLES_WORDS] if self.tree_cycles else []))
 
     def ladder(self, sizes: Sequence[int]) -> list[Observation]:
         return [self._measure(b, ladder=True) for b in sizes]

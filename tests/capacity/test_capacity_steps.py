@@ -134,6 +134,31 @@ def test_the_explanation_says_what_the_build_left_and_how_to_free_it(monkeypatch
             assert strategy.words == "the allocator's peak of real steps"
 
 
+def test_on_pytorch_the_explanation_says_keras_holds_steps_arrays_and_the_fix(
+        monkeypatch, tree_functions_restored):
+    """On a GPU under PyTorch, where this Keras holds a step's arrays in
+    reference cycles, the words say so and name `break_tree_cycles`; once
+    the fix is in, or on another backend, they do not."""
+    from keras_memwatch import break_tree_cycles
+    from keras_memwatch.configure.tree_cycles import tree_holds_cycles
+
+    monkeypatch.setattr(steps, "fit_steps", lambda model, batch, n: None)
+    monkeypatch.setattr(steps.Steps, "_clean", lambda self: None)
+    device = FakeDevice(True, [])
+    device.backend = keras.backend.backend()
+    data = Batches(np.zeros((4, 2), "float32"), np.zeros((4,), "float32"))
+
+    def words():
+        return steps.Steps(object(), data, device, lambda line: None).words
+
+    held = keras.backend.backend() == "torch" and tree_holds_cycles()
+    assert ("`keras_memwatch.break_tree_cycles()` before `fit`" in words()) is held
+    if held:
+        assert "keras-team/keras#23110" in words()
+        break_tree_cycles()
+    assert words() == "the allocator's peak of real steps"
+
+
 def test_a_build_that_fails_is_said_once_and_the_sizes_measured_without_it(
         monkeypatch, caplog):
     def failing(model, x):
