@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import keras
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -227,6 +228,23 @@ def test_peak_owners_replays_an_allocator_record_to_its_peak_or_its_failure():
     failed = replay(trace + [{"action": "oom", "size": 500}], before=40)
     assert failed["oom"] and failed["peak"] == 10 + 50 + 60 + 500
     assert failed["largest"][0] == (60, "optimizer: sgd.py:update_step")
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch",
+                    reason="the cycles are Keras's PyTorch backend's")
+def test_tree_cycles_counts_what_steps_leave_before_and_after_the_fix(
+        tree_functions_restored, capsys):
+    from benchmarks import tree_cycles
+    from keras_memwatch.configure.tree_cycles import tree_holds_cycles
+
+    held = tree_holds_cycles()
+    assert tree_cycles.main(["--models", "conv_tiny", "--batch", "4", "--steps", "2",
+                             "--repeats", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    before, after = (line for line in lines if "in cycles" in line)
+    assert ("leave 0 tensors" not in before) is held
+    assert "leave 0 tensors (0.00 MiB)" in after
+    assert lines[-1].startswith("conv_tiny: a step's time after the fix x")
 
 
 def test_by_layer_check_splits_the_small_convnet_on_the_cpu():

@@ -81,10 +81,13 @@ ways_jax() { run 580 ways-jax env KERAS_BACKEND=jax python3 -m benchmarks.gpu.wa
   --limit-mb 8192 --batch 48 --levers $jax_levers --no-combinations --verify --parallel 3 \
   --max-seconds ${WAYS_JAX_SECONDS:-200} --compilation-cache "$cache/jax-cache"; }
 # RESCONV_REPEAT: each job that many times, each in a new process (at this
-# convnet's limit one process trains a size and the next does not)
+# convnet's limit one process trains a size and the next does not, as
+# Python's collector frees Keras's cycles or not); RESCONV_BREAK=1: the
+# table and its jobs after break_tree_cycles()
 ways_resconv_torch() { run 400 ways-resconv-torch env KERAS_BACKEND=torch python3 -m \
   benchmarks.gpu.ways_check resconv --limit-mb 6144 --batch 512 --no-combinations --verify \
-  --parallel 3 --levers ${resconv_levers:-all} --repeat ${RESCONV_REPEAT:-1}; }
+  --parallel 3 --levers ${resconv_levers:-all} --repeat ${RESCONV_REPEAT:-1} \
+  ${RESCONV_BREAK:+--break-cycles}; }
 ways_resconv_jax() { run 585 ways-resconv-jax env KERAS_BACKEND=jax python3 -m \
   benchmarks.gpu.ways_check resconv --limit-mb 6144 --batch 512 --no-combinations --verify \
   --levers gradient_accumulation --parallel 4 --max-seconds 370; }

@@ -1,9 +1,10 @@
 """What is alive at a PyTorch job's peak on a GPU, and who allocated it.
 
 Runs one job as `ways_check trial` runs it (a model of `benchmarks.models`
-under a cap, a row's setting, one `fit`) with PyTorch's allocator history
-recorded, replays the record to the peak of the live bytes (or to the
-allocation that ran out of memory), and prints the bytes live there by the
+under a cap, a row's setting, one `fit`; `--collect N`: with
+`CollectCycles(every=N)`) with PyTorch's allocator history recorded,
+replays the record to the peak of the live bytes (or to the allocation
+that ran out of memory), and prints the bytes live there by the
 innermost Keras frame that allocated them, and the largest blocks.
 
     KERAS_BACKEND=torch python3 -m benchmarks.gpu.peak_owners resconv --size 170 \\
@@ -87,6 +88,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--setting", default="{}", help="a ways_to_fit row's setting")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--limit-mb", type=float, default=None)
+    parser.add_argument("--collect", type=int, default=0,
+                        help="CollectCycles(every=N) in the fit; 0: none")
     args = parser.parse_args(argv)
     if args.limit_mb:
         from keras_memwatch import configure_memory
@@ -95,6 +98,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     import torch
 
     from benchmarks.models import build, data
+    from keras_memwatch import CollectCycles
     from keras_memwatch.measure.batches import Batches, fit_steps
     from keras_memwatch.oom_errors import first_line, is_oom_error
     from keras_memwatch.ways.variant import Setting, realized
@@ -102,12 +106,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     model = build(args.model)
     sample = Batches(*data(args.model, min(args.size, 64)))
     ended = "ran"
-    with realized(model, sample, args.size, Setting.from_dict(json.loads(args.setting))) as v:
+    setting = Setting.from_dict(json.loads(args.setting))
+    with realized(model, sample, args.size, setting) as v:
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
         torch.cuda.memory._record_memory_history(max_entries=2_000_000)
         try:
-            fit_steps(v.model, v.data.take(v.batch_size), args.steps, [])
+            fit_steps(v.model, v.data.take(v.batch_size), args.steps,
+                      [CollectCycles(every=args.collect)] if args.collect else [])
             torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001
             if not is_oom_error(e):

@@ -19,7 +19,9 @@ its time a sample: an answer is right when its size runs and the size
 3% above does not. With `--repeat N` each job runs N times, each in its
 own process, and the verdict counts them: at a limit where one process
 trains a size and the next does not, an answer that trains some of the
-times is "at the edge", not right or above. On a CPU, a
+times is "at the edge", not right or above. `--collect N` runs the jobs
+with `CollectCycles(every=N)`, `--break-cycles` the table and the jobs
+after `break_tree_cycles()` (PyTorch). On a CPU, a
 tiny model without a cap (`conv_tiny`, `gpt2_tiny`) is a smoke test.
 Models: `benchmarks.models`.
 """
@@ -82,9 +84,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def trial(model_name: str, setting: dict[str, Any], size: int,
-          limit_mb: Optional[float], steps: int) -> dict[str, Any]:
+          limit_mb: Optional[float], steps: int, collect: int = 0,
+          break_cycles: bool = False) -> dict[str, Any]:
     """A job of `size` (the effective batch) with `setting`, in this new
-    process, as a user runs it: one `fit` of `steps` steps. Returns whether
+    process, as a user runs it: one `fit` of `steps` steps (`collect` > 0:
+    with `CollectCycles(every=collect)`; `break_cycles`: after
+    `break_tree_cycles()`). Returns whether
     it ran, its time a sample after the first step, and the device's peak
     (the variant alone: what the table's need, measured beside the user's
     model, stands for); a step out of memory prints the allocator's
@@ -96,6 +101,7 @@ def trial(model_name: str, setting: dict[str, Any], size: int,
     import keras
 
     from benchmarks.models import build, data
+    from keras_memwatch import CollectCycles, break_tree_cycles
     from keras_memwatch.measure.batches import Batches, fit_steps, wait_for_steps
     from keras_memwatch.measure.device import Device
     from keras_memwatch.oom_errors import first_line, is_oom_error
@@ -113,6 +119,8 @@ def trial(model_name: str, setting: dict[str, Any], size: int,
             wait_for_steps(self.model)
             self.seconds = time.perf_counter() - self.began
 
+    if break_cycles:
+        break_tree_cycles()
     chosen = Setting.from_dict(setting)
     if chosen.policy:
         # as the row's change says: the policy set before the model is
@@ -123,9 +131,10 @@ def trial(model_name: str, setting: dict[str, Any], size: int,
     model = build(model_name)
     x, y = data(model_name, min(size, 64))
     clock = Clock()
+    callbacks = [clock] + ([CollectCycles(every=collect)] if collect else [])
     try:
         with realized(model, Batches(x, y), size, chosen) as v:
-            fit_steps(v.model, v.data.take(v.batch_size), steps + 1, [clock])
+            fit_steps(v.model, v.data.take(v.batch_size), steps + 1, callbacks)
             per_sample = clock.seconds / (steps * v.batch_size)
     except Exception as e:  # noqa: BLE001
         if not is_oom_error(e):
@@ -169,7 +178,9 @@ def verify(record: dict[str, Any], args: argparse.Namespace) -> list[dict[str, A
         for size in [int(largest)] * args.repeat + [above] * args.repeat:
             jobs.append((row["lever"], size, ["trial", args.model, "--size", str(size),
                                                "--setting", json.dumps(setting),
-                                               "--steps", str(args.steps)]
+                                               "--steps", str(args.steps),
+                                               "--collect", str(args.collect)]
+                         + (["--break-cycles"] if args.break_cycles else [])
                          + (["--limit-mb", str(args.limit_mb)] if args.limit_mb else [])))
     _release_cached_memory()  # the jobs share the card with this process
     with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
@@ -177,7 +188,9 @@ def verify(record: dict[str, Any], args: argparse.Namespace) -> list[dict[str, A
     results = [{"lever": lever, "size": size, **result}
                for (lever, size, _), result in zip(jobs, done)]
     print(f"\nJobs in fresh processes ({args.steps} steps each"
-          + (f", each {args.repeat} times" if args.repeat > 1 else "") + "):")
+          + (f", each {args.repeat} times" if args.repeat > 1 else "")
+          + (f", CollectCycles(every={args.collect})" if args.collect else "")
+          + (", after break_tree_cycles()" if args.break_cycles else "") + "):")
     by_lever: dict[str, list[dict[str, Any]]] = {}
     for r in results:
         by_lever.setdefault(r["lever"], []).append(r)
@@ -252,16 +265,26 @@ def main(argv: Any = None) -> int:
     parser.add_argument("--repeat", type=int, default=1,
                         help="--verify: run each job this many times, each in a "
                              "new process (default: 1)")
+    parser.add_argument("--collect", type=int, default=0,
+                        help="jobs with CollectCycles(every=N) (default: 0, none)")
+    parser.add_argument("--break-cycles", action="store_true",
+                        help="the table and its jobs after "
+                             "keras_memwatch.break_tree_cycles()")
     parser.add_argument("--size", type=int, default=None, help="trial: the batch")
     parser.add_argument("--setting", default="{}", help="trial: the row's setting")
     parser.add_argument("--json", default=None, help="write the results here as JSON")
     args = parser.parse_args(argv)
     if args.command == "trial":
         print(json.dumps(trial(args.model, json.loads(args.setting), args.size,
-                               args.limit_mb, args.steps)))
+                               args.limit_mb, args.steps, args.collect,
+                               args.break_cycles)))
         return 0
     if args.batch is None:
         parser.error("--batch is required")
+    if args.break_cycles:
+        from keras_memwatch import break_tree_cycles
+
+        break_tree_cycles()
     record = measure(args)
     if args.verify and not args.limit_mb:
         print("--verify needs --limit-mb: without a cap, the largest batch is the "
