@@ -6,6 +6,7 @@ of its own, so each step's arrays stay until Python's cyclic collector runs
 (keras-team/keras#23110). `break_tree_cycles` puts in place the fix merged
 into Keras (keras-team/keras#23111); the functions below are Keras's
 (Apache 2.0) with that fix. docs/capacity.md has what it changes.
+Nothing is imported until a function is called.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ import logging
 import weakref
 from collections import defaultdict
 from typing import Any, Callable
-
-import keras
 
 logger = logging.getLogger("keras_memwatch")
 
@@ -31,6 +30,7 @@ _REPLACED = ("_dict_to_ordered_dict", "traverse")
 def tree_holds_cycles() -> bool:
     """Whether `keras.tree.flatten` leaves the structure it flattened in a
     reference cycle (checked with the collector paused)."""
+    import keras
 
     class Leaf:
         pass
@@ -71,6 +71,8 @@ def break_tree_cycles() -> bool:
     keras_memwatch.break_tree_cycles()  # before the first `fit`
     ```
     """
+    import keras
+
     if keras.backend.backend() != "torch" or not tree_holds_cycles():
         return False
     from keras.src.tree import torchtree_impl as impl
