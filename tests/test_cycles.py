@@ -3,7 +3,6 @@ every `every` batches after."""
 
 from __future__ import annotations
 
-import gc
 import logging
 import weakref
 
@@ -104,4 +103,3 @@ def test_frees_the_forward_pass_of_kerass_build_before_the_first_step(collect):
     with collector_paused():
         model.fit(x, y, batch_size=3, epochs=1, verbose=0, callbacks=callbacks)
     assert (counts.alive == 0) if collect else (counts.alive >= 1)
-
