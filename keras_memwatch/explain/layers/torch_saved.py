@@ -31,6 +31,7 @@ hook; the largest seen is kept (`SavedBytes.peak`).
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any, Callable, Optional
 
 from keras_memwatch.explain.layers.calls import CallTracer, LayerCalls
@@ -249,12 +250,18 @@ def measure_saved(model: Any, run: Callable[[], None],
         torch.cuda.reset_peak_memory_stats()
         window[0], window[1] = key, torch.cuda.memory_allocated()
 
-    made: dict[int, LayerCalls] = {}  # an output's storage -> the row that made it
+    # an output's storage -> the row that made it, and the output: once the
+    # output is freed, a later tensor may take its storage's address
+    made: dict[int, tuple[LayerCalls, Any]] = {}
+
+    def maker(pointer: int) -> Optional[LayerCalls]:
+        row, output = made.get(pointer, (None, lambda: None))
+        return row if output() is not None else None
 
     def leave(row: LayerCalls, outputs: Any) -> None:
         for t in keras.tree.flatten(outputs):
-            if isinstance(t, torch.Tensor):
-                made.setdefault(_storage(t)[0], row)
+            if isinstance(t, torch.Tensor) and maker(_storage(t)[0]) is None:
+                made[_storage(t)[0]] = (row, weakref.ref(t))
         if cuda:
             key = id(row.layer)
             delta = torch.cuda.memory_allocated() - started.pop(key)
@@ -274,7 +281,7 @@ def measure_saved(model: Any, run: Callable[[], None],
         if pointer and pointer not in seen and pointer not in weights:
             seen.add(pointer)
             row: Optional[LayerCalls] = (None if loss.running else
-                                         made.get(pointer) or tracer.owner())
+                                         maker(pointer) or tracer.owner())
             if row is None:
                 outside[0] += size
                 if loss.running:
