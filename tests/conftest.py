@@ -464,5 +464,7 @@ def tree_functions_restored(monkeypatch):
     test calls `break_tree_cycles`)."""
     from keras.src.tree import torchtree_impl
 
-    for name in ("_dict_to_ordered_dict", "traverse"):
+    from keras_memwatch.configure.tree_cycles import REPLACED
+
+    for name in REPLACED:
         monkeypatch.setattr(torchtree_impl, name, getattr(torchtree_impl, name))

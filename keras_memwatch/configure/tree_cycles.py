@@ -22,9 +22,9 @@ logger = logging.getLogger("keras_memwatch")
 
 
 #: The predicate of Keras's tree functions that hold the structure, and
-#: those functions.
+#: those functions (of `keras.src.tree.torchtree_impl`).
 _HOLDS = "is_leaf=lambda x: x is not structure"
-_REPLACED = ("_dict_to_ordered_dict", "traverse")
+REPLACED = ("_dict_to_ordered_dict", "traverse")
 
 
 def tree_holds_cycles() -> bool:
@@ -77,7 +77,7 @@ def break_tree_cycles() -> bool:
         return False
     from keras.src.tree import torchtree_impl as impl
 
-    if not all(_holds_structure(getattr(impl, name, None)) for name in _REPLACED):
+    if not all(_holds_structure(getattr(impl, name, None)) for name in REPLACED):
         logger.warning("break_tree_cycles: Keras %s holds flattened structures in "
                        "reference cycles, but not in the functions this replaces; "
                        "nothing changed (use CollectCycles)", keras.__version__)
