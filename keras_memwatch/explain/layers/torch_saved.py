@@ -260,8 +260,10 @@ def measure_saved(model: Any, run: Callable[[], None],
 
     def leave(row: LayerCalls, outputs: Any) -> None:
         for t in keras.tree.flatten(outputs):
-            if isinstance(t, torch.Tensor) and maker(_storage(t)[0]) is None:
-                made[_storage(t)[0]] = (row, weakref.ref(t))
+            if isinstance(t, torch.Tensor):
+                pointer = _storage(t)[0]
+                if maker(pointer) is None:
+                    made[pointer] = (row, weakref.ref(t))
         if cuda:
             key = id(row.layer)
             delta = torch.cuda.memory_allocated() - started.pop(key)
