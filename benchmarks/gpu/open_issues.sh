@@ -53,10 +53,11 @@ layers_jax_test() { run 300 layers-jax-test env KERAS_BACKEND=jax \
   -k language_models -q -p no:cacheprovider -s; }
 # written after ways_to_fit's GPU tables: keras-hub Phi-3 (AdamW, 256 tokens)
 # under 8 GiB at a batch of 32, every lever; on PyTorch with its jobs, on JAX
-# the rows that fit the time (then again, warm, with its jobs: PHI3_VERIFY=1)
+# the rows that fit the time (then again, warm, with its jobs: PHI3_VERIFY=1);
+# PHI3_BREAK=1: the PyTorch table and its jobs after break_tree_cycles()
 ways_phi3_torch() { run 560 ways-phi3-torch env KERAS_BACKEND=torch python3 -m \
   benchmarks.gpu.ways_check phi3 --limit-mb 8192 --batch 32 --verify --parallel 4 \
-  --json "$out/phi3-torch.json"; }
+  --json "$out/phi3-torch.json" ${PHI3_BREAK:+--break-cycles}; }
 ways_phi3_jax() { run 580 ways-phi3-jax env KERAS_BACKEND=jax python3 -m \
   benchmarks.gpu.ways_check phi3 --limit-mb 8192 --batch 32 --levers "$jax_levers" \
   --no-combinations --max-seconds ${WAYS_JAX_SECONDS:-520} --parallel 3 \
