@@ -31,6 +31,8 @@ run() { local seconds=$1 name=$2; shift 2
     grep -v "hlo_rematerialization\|^[WI][0-9]\|Warning\|warn(" "$out/$name.txt" | tail -n 24
   } | cat; }
 
+# BREAK_CYCLES=1: the PyTorch tables and their jobs after break_tree_cycles()
+break_cycles=${BREAK_CYCLES:+--break-cycles}
 gpt2_speed() { run 590 gpt2-speed env KERAS_BACKEND=jax python3 -m benchmarks.gpu.capacity_speed \
   gpt2 --limit-mb 8192; }
 bert_speed() { run 450 bert-speed env KERAS_BACKEND=jax python3 -m benchmarks.gpu.capacity_speed \
@@ -53,18 +55,17 @@ layers_jax_test() { run 300 layers-jax-test env KERAS_BACKEND=jax \
   -k language_models -q -p no:cacheprovider -s; }
 # written after ways_to_fit's GPU tables: keras-hub Phi-3 (AdamW, 256 tokens)
 # under 8 GiB at a batch of 32, every lever; on PyTorch with its jobs, on JAX
-# the rows that fit the time (then again, warm, with its jobs: PHI3_VERIFY=1);
-# PHI3_BREAK=1: the PyTorch table and its jobs after break_tree_cycles()
+# the rows that fit the time (then again, warm, with its jobs: PHI3_VERIFY=1)
 ways_phi3_torch() { run 560 ways-phi3-torch env KERAS_BACKEND=torch python3 -m \
   benchmarks.gpu.ways_check phi3 --limit-mb 8192 --batch 32 --verify --parallel 4 \
-  --json "$out/phi3-torch.json" ${PHI3_BREAK:+--break-cycles}; }
+  --json "$out/phi3-torch.json" $break_cycles; }
 ways_phi3_jax() { run 580 ways-phi3-jax env KERAS_BACKEND=jax python3 -m \
   benchmarks.gpu.ways_check phi3 --limit-mb 8192 --batch 32 --levers "$jax_levers" \
   --no-combinations --max-seconds ${WAYS_JAX_SECONDS:-520} --parallel 3 \
   --compilation-cache "$cache/jax-cache" ${PHI3_VERIFY:+--verify}; }
 ways_torch() { run 300 ways-torch env KERAS_BACKEND=torch python3 -m benchmarks.gpu.ways_check gpt2 \
   --limit-mb 8192 --batch 16 --levers mixed_precision,adafactor,sgd_momentum,gradient_accumulation \
-  --no-combinations --verify --parallel 2; }
+  --no-combinations --verify --parallel 2 $break_cycles; }
 # the room an optimizer variant meets beside the user's model: widened, or
 # with the held slots on the host; ROOM_SIZES in the order asked (the row's
 # search asks 4, 8 and 16 before the sizes near its limit)
@@ -83,12 +84,11 @@ ways_jax() { run 580 ways-jax env KERAS_BACKEND=jax python3 -m benchmarks.gpu.wa
   --max-seconds ${WAYS_JAX_SECONDS:-200} --compilation-cache "$cache/jax-cache"; }
 # RESCONV_REPEAT: each job that many times, each in a new process (at this
 # convnet's limit one process trains a size and the next does not, as
-# Python's collector frees Keras's cycles or not); RESCONV_BREAK=1: the
-# table and its jobs after break_tree_cycles()
+# Python's collector frees Keras's cycles or not)
 ways_resconv_torch() { run 400 ways-resconv-torch env KERAS_BACKEND=torch python3 -m \
   benchmarks.gpu.ways_check resconv --limit-mb 6144 --batch 512 --no-combinations --verify \
   --parallel 3 --levers ${resconv_levers:-all} --repeat ${RESCONV_REPEAT:-1} \
-  ${RESCONV_BREAK:+--break-cycles}; }
+  $break_cycles; }
 ways_resconv_jax() { run 585 ways-resconv-jax env KERAS_BACKEND=jax python3 -m \
   benchmarks.gpu.ways_check resconv --limit-mb 6144 --batch 512 --no-combinations --verify \
   --levers gradient_accumulation --parallel 4 --max-seconds 370; }
