@@ -75,6 +75,9 @@ class Observation:
         ran: `False` where the step, job or compilation ran out of memory.
         ladder: measured by the ladder: the small-batch line goes through it.
         seconds: how long the observation took.
+        step_seconds: one measured step's seconds, where real steps ran
+            undisturbed (not slowed by the allocator freeing its cache to
+            make room); else `None`.
     """
 
     batch_size: int
@@ -83,6 +86,7 @@ class Observation:
     ran: bool = True
     ladder: bool = False
     seconds: float = 0.0
+    step_seconds: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True)

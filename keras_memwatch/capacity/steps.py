@@ -191,17 +191,19 @@ class Steps:
                 self._clean()
                 gc.disable()
             self.device.read()  # resets the peaks
+            retries = self._retries()
             began = time.perf_counter()
             fit_steps(self.model, batch, self.steps)
             if self.torch is not None:
                 self.torch.cuda.synchronize(self.device.gpu_index)
+            undisturbed = self._retries() == retries
             peak = self.device.peak()
             need = None if peak is None else max(peak - self.in_use, 0)
             ran = True
         except Exception as e:
             if not is_oom_error(e):
                 raise
-            need, ran = None, False
+            need, ran, undisturbed = None, False, False
             del e
         finally:
             if frozen:
@@ -218,4 +220,15 @@ class Steps:
                          "no peak read" if need is None else
                          f"{format_bytes(need)} above what was in use"))
         return Observation(size, need, STEP, ran=ran, ladder=ladder,
-                           seconds=round(seconds, 3))
+                           seconds=round(seconds, 3),
+                           step_seconds=(seconds / self.steps if undisturbed
+                                         else None))
+
+    def _retries(self) -> Optional[int]:
+        """How often PyTorch's caching allocator has freed its cache to
+        retry an allocation (`None` elsewhere): steps it retried in are
+        slowed by it."""
+        if self.torch is None:
+            return None
+        stats = self.torch.cuda.memory_stats(self.device.gpu_index)
+        return stats.get("num_alloc_retries", 0)

@@ -65,7 +65,9 @@ class Measured:
         limit_bytes: the device's limit, or `None`.
         limit_words: where the limit comes from.
         device_batch: the size that stands for the wanted batch.
-        seconds_per_sample: a measured step's time over its batch, or `None`.
+        sample_seconds: seconds a sample of real steps, by batch size: the
+            sizes up to `device_batch` that ran undisturbed (on JAX, the
+            largest whose plan fits).
         how: `MEASURED` (real steps) or `PLANNED` (XLA's plans).
         on_gpu: whether the device measured is a GPU.
         held_bytes: the user's training state held beside the variant that
@@ -86,7 +88,7 @@ class Measured:
     limit_bytes: Optional[int]
     limit_words: str
     device_batch: int
-    seconds_per_sample: Optional[float]
+    sample_seconds: dict[int, float]
     how: str
     on_gpu: bool = False
     held_bytes: int = 0
@@ -243,7 +245,7 @@ def measure(variant: Variant, device: Optional[str], headroom: float,
 
 def _by_plans(strategy: Any, variant: Variant, sizes: list[int], headroom: float,
               deadline: Deadline, cache_directory: Optional[str], on_gpu: bool,
-              in_use: int) -> tuple[list[Observation], Optional[float], Search]:
+              in_use: int) -> tuple[list[Observation], dict[int, float], Search]:
     """XLA's plans at `sizes` (read from the row's stored record where it
     holds them), then on a GPU the search's brackets with `in_use` bytes
     in use (the variant alone's); the record, a sample's seconds, and the
@@ -267,18 +269,19 @@ def _by_plans(strategy: Any, variant: Variant, sizes: list[int], headroom: float
 
 def _by_steps(strategy: Any, variant: Variant, sizes: list[int], headroom: float,
               deadline: Deadline, on_gpu: bool, host_largest: Optional[int]
-              ) -> tuple[list[Observation], Optional[float], Search]:
+              ) -> tuple[list[Observation], dict[int, float], Search]:
     """Real steps at `sizes`, and on a GPU the search's checks near the
-    limit; the record, a sample's seconds, and the search. The seconds are
-    read at the largest of `sizes` (or the sizes below them that drew the
-    line) that ran: every row asks the same ones, and a check near the
-    limit is slowed by the allocator freeing its cache and retrying."""
+    limit; the record, a sample's seconds by size, and the search. The
+    seconds are read at `sizes` (or the sizes below them that drew the
+    line) where the steps ran undisturbed: every row asks the same ones,
+    and a check near the limit is slowed by the allocator freeing its
+    cache and retrying."""
     search = Search(strategy, on_gpu, host_largest, deadline=deadline)
     observations = list(search.run(headroom, sizes).observations)
-    ran = [o for o in observations if o.ladder and o.ran
-           and o.batch_size <= variant.batch_size and o.seconds > 0]
-    top = max(ran, key=lambda o: o.batch_size, default=None)
-    return observations, None if top is None else top.seconds / top.batch_size, search
+    seconds = {o.batch_size: o.step_seconds / o.batch_size for o in observations
+               if o.ladder and o.ran and o.batch_size <= variant.batch_size
+               and o.step_seconds}
+    return observations, seconds, search
 
 
 def strategy_for(model: Any, data: Any, device: Device,
@@ -296,7 +299,7 @@ def strategy_for(model: Any, data: Any, device: Device,
 
 def _planned(strategy: Any, model: Any, data: Any, sizes: list[int],
              batch: int, stored: list[Observation]
-             ) -> tuple[list[Observation], Optional[float]]:
+             ) -> tuple[list[Observation], dict[int, float]]:
     """Every size compiled as `fit` compiles it, side by side (exact plans
     for the line; the timed steps find their size in JAX's cache), those
     in the `stored` record read from it, and the seconds a sample of real
@@ -312,15 +315,16 @@ def _planned(strategy: Any, model: Any, data: Any, sizes: list[int],
 
 
 def _timed(model: Any, data: Any, batch: int, plans: list[Observation],
-           limit: Optional[int], in_use: int) -> Optional[float]:
+           limit: Optional[int], in_use: int) -> dict[int, float]:
     """Seconds per sample of real steps at the largest planned size up to
-    `batch` whose plan fits (JAX: plans give no time), or `None`."""
+    `batch` whose plan fits (JAX: plans give no time), by that size; empty
+    where none fits or its steps ran out of memory."""
     room = None if limit is None else limit - in_use
     fitting = [o.batch_size for o in plans if o.need_bytes is not None
                and (room is None or o.need_bytes <= room)]
     size = max((b for b in fitting if b <= batch), default=None)
     if size is None:
-        return None
+        return {}
     sample = data.take(size)
     try:
         fit_steps(model, sample, 1)  # compiles
@@ -329,5 +333,5 @@ def _timed(model: Any, data: Any, batch: int, plans: list[Observation],
     except Exception as e:
         if not is_oom_error(e):
             raise
-        return None  # its plan fit the room, its steps did not: no time
-    return (time.perf_counter() - began) / (TIMED_STEPS * size)
+        return {}  # its plan fit the room, its steps did not: no time
+    return {size: (time.perf_counter() - began) / (TIMED_STEPS * size)}

@@ -113,7 +113,8 @@ def ways_to_fit(
         to write), `need_bytes` (the training state plus a step's working
         memory at the wanted batch), `saved_bytes` (against the model as it
         is), `largest_batch` (under the headroom), `step_time_ratio` (time a
-        sample against the model as it is), `fits` (the wanted batch, under
+        sample against the model as it is, at the largest batch both
+        timed), `fits` (the wanted batch, under
         the headroom), `how` (measured, plan, or why not) and `notes`. The
         first row is the model as it is (`lever="as is"`), then the levers,
         the most saved first, then the combinations. `attrs` holds

@@ -50,8 +50,16 @@ class Account:
         return need, how, largest, fits
 
     def ratio(self, m: Measured) -> Optional[float]:
-        a, b = self.as_is.seconds_per_sample, m.seconds_per_sample
-        return None if a is None or b is None or a <= 0 else round(b / a, 3)
+        """`m`'s seconds a sample over the model as it is, at the largest
+        batch both timed (each at its own largest where they share none)."""
+        a, b = self.as_is.sample_seconds, m.sample_seconds
+        if not a or not b:
+            return None
+        shared = set(a) & set(b)
+        size_a = size_b = max(shared) if shared else None
+        if size_a is None:
+            size_a, size_b = max(a), max(b)
+        return None if a[size_a] <= 0 else round(b[size_b] / a[size_a], 3)
 
 
 def measured_row(lever: str, change: str, notes: str, m: Measured,

@@ -68,6 +68,23 @@ def test_on_a_gpu_a_sizes_steps_are_a_new_jobs_first_steps(monkeypatch):
     assert steps.GPU_STEPS >= 3
 
 
+def test_steps_the_allocator_retried_in_give_their_need_but_no_step_time(
+        monkeypatch):
+    """Near its cap PyTorch's caching allocator frees its cache and retries
+    an allocation, which slows that step by an amount of its own: such a
+    size keeps its need, and no step time."""
+    monkeypatch.setattr(steps, "fit_steps", lambda model, batch, n: None)
+    monkeypatch.setattr(steps.Steps, "_clean", lambda self: None)
+    retries = iter([0, 0, 0, 2])  # read before and after each size's steps
+    monkeypatch.setattr(steps.Steps, "_retries", lambda self: next(retries))
+    data = Batches(np.zeros((4, 2), "float32"), np.zeros((4,), "float32"))
+    strategy = steps.Steps(object(), data, FakeDevice(True, []), lambda line: None)
+    at_ease, retried = strategy.check([8, 16])
+    assert at_ease.step_seconds is not None
+    assert retried.ran and retried.need_bytes == 2**20
+    assert retried.step_seconds is None
+
+
 def test_on_the_host_the_measured_step_starts_clean_after_the_first(monkeypatch):
     assert _sequence(monkeypatch, on_gpu=False) == [
         "1 step(s)", "freed", "peaks reset", "1 step(s)"] * 2

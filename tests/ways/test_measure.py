@@ -77,8 +77,8 @@ class FakeSteps:
     def _observe(self, b, ladder):
         ran = self.need * b <= self.limit - self.in_use
         return Observation(b, int(REPORTED * self.need * b) if ran else None, STEP,
-                           ran=ran,
-                           ladder=ladder, seconds=0.001 * b)
+                           ran=ran, ladder=ladder, seconds=0.003 * b,
+                           step_seconds=0.001 * b if ran else None)
 
     def ladder(self, sizes):
         return [self._observe(b, True) for b in sizes]
@@ -144,11 +144,35 @@ def test_step_times_compare_at_the_sizes_asked_for_the_wanted_batch(monkeypatch)
 
     def observe(self, b, ladder):
         o = at_ease(self, b, ladder)
-        return o if ladder else dataclasses.replace(o, seconds=o.seconds * (2 + b % 5))
+        return o if ladder or not o.ran else dataclasses.replace(
+            o, step_seconds=o.step_seconds * (2 + b % 5))
 
     monkeypatch.setattr(FakeSteps, "_observe", observe)
     _, _, frame = on_fake_gpu(monkeypatch, 14 * MIB, widens=True)
     assert frame.set_index("lever").loc["sgd_momentum", "step_time_ratio"] == 1.0
+
+
+def test_step_times_compare_at_the_largest_batch_both_rows_timed(monkeypatch):
+    """A sample's time falls as the batch grows, and a row that fits more
+    runs larger sizes: rows compare at the largest size both ran
+    undisturbed, not each at its own largest."""
+    at_ease = FakeSteps._observe
+
+    def observe(self, b, ladder):
+        o = at_ease(self, b, ladder)
+        if not o.ran:
+            return o
+        # a sample costs less in larger batches; bfloat16 takes half the time
+        half = per_sample(self.model) < 64 * KIB
+        seconds = b * (0.5 if half else 1.0) * (1 + 64 / b) * 1e-3
+        return dataclasses.replace(o, step_seconds=seconds)
+
+    monkeypatch.setattr(FakeSteps, "_observe", observe)
+    _, _, frame = on_fake_gpu(monkeypatch, 14 * MIB, widens=True)
+    rows = frame.set_index("lever")
+    assert rows.loc["as is", "largest_batch"] < WANTED
+    assert rows.loc["mixed_precision", "largest_batch"] >= WANTED
+    assert rows.loc["mixed_precision", "step_time_ratio"] == 0.5
 
 
 def test_the_first_row_says_what_kerass_build_left_and_how_to_free_it(monkeypatch):
@@ -368,7 +392,7 @@ def test_a_quick_plan_at_the_wanted_batch_never_gives_its_need():
                           Observation(256, 30 * MIB, AIMED)),
                          state_bytes=0, in_use_bytes=BASE, limit_bytes=None,
                          limit_words="", device_batch=256,
-                         seconds_per_sample=None, how=measure.PLANNED)
+                         sample_seconds={}, how=measure.PLANNED)
     assert m.step_bytes(m.evidence(BASE, None)) == (20 * MIB, measure.PLANNED)
 
 
@@ -388,4 +412,4 @@ def test_a_planned_size_whose_steps_run_out_of_memory_gives_no_time(monkeypatch)
     monkeypatch.setattr(measure, "fit_steps", fit_steps)
     plans = [Observation(8, 1 * MIB, PLAN, ladder=True)]
     data = Batches(x, y)
-    assert measure._timed(model, data, 8, plans, 64 * MIB, 0) is None
+    assert measure._timed(model, data, 8, plans, 64 * MIB, 0) == {}
