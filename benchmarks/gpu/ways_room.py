@@ -17,7 +17,7 @@ as bytes the variables do not account for. On the CPU (no cap, so every
 size runs) that count is the whole check:
 
     KERAS_BACKEND=torch python3 -m benchmarks.gpu.ways_room gpt2 --limit-mb 8192 \\
-        --sizes 13,14,15
+        --sizes 13,14,15 [--steps 30] [--break-cycles]
     KERAS_BACKEND=torch python3 -m benchmarks.gpu.ways_room gpt2_cpu --limit-mb 0 --sizes 8
 """
 
@@ -56,7 +56,8 @@ def _state(torch: Any, device: Any, words: str, model: Any) -> None:
           flush=True)
 
 
-def _tries(model: Any, x: Any, y: Any, sizes: list[int], torch: Any) -> dict[int, bool]:
+def _tries(model: Any, x: Any, y: Any, sizes: list[int], torch: Any,
+           steps: int) -> dict[int, bool]:
     from keras_memwatch.measure.batches import Batches, fit_steps
     from keras_memwatch.oom_errors import is_oom_error
 
@@ -64,7 +65,7 @@ def _tries(model: Any, x: Any, y: Any, sizes: list[int], torch: Any) -> dict[int
     data = Batches(x, y)
     for b in sizes:
         try:
-            fit_steps(model, data.take(b), 2)
+            fit_steps(model, data.take(b), steps)
             ran[b] = True
         except Exception as e:  # noqa: BLE001
             if not is_oom_error(e):
@@ -82,7 +83,14 @@ def main() -> int:
     parser.add_argument("--limit-mb", type=float, default=8192)
     parser.add_argument("--sizes", default="13,14,15")
     parser.add_argument("--setting", default='{"optimizer": "sgd"}')
+    parser.add_argument("--steps", type=int, default=2, help="steps a size trains")
+    parser.add_argument("--break-cycles", action="store_true",
+                        help="keras_memwatch.break_tree_cycles() first")
     args = parser.parse_args()
+    if args.break_cycles:
+        from keras_memwatch import break_tree_cycles
+
+        break_tree_cycles()
     if args.limit_mb:
         from keras_memwatch import configure_memory
 
@@ -108,7 +116,7 @@ def main() -> int:
                v.model)
         with room.widened("torch", None, v.held_bytes) as widened:
             print(f"  cap widened by {format_bytes(widened)}", flush=True)
-            result["widened"] = _tries(v.model, x, y, sizes, torch)
+            result["widened"] = _tries(v.model, x, y, sizes, torch, args.steps)
             _state(torch, device, "after the tries, held slots on the device", v.model)
         if device.type == "cuda":
             variant_state = {id(u) for u in room.state_variables(v.model,
@@ -119,7 +127,7 @@ def main() -> int:
             torch.cuda.empty_cache()
             _state(torch, device, f"{len(moved)} held variables moved to the host",
                    v.model)
-            result["offloaded"] = _tries(v.model, x, y, sizes, torch)
+            result["offloaded"] = _tries(v.model, x, y, sizes, torch, args.steps)
             for tensor in moved:
                 tensor.data = tensor.data.to(device)
     print(json.dumps(result), flush=True)
