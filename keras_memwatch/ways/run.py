@@ -114,10 +114,10 @@ def ways_to_fit(
         memory at the wanted batch), `saved_bytes` (against the model as it
         is), `largest_batch` (under the headroom), `step_time_ratio` (time a
         sample against the model as it is, at the largest batch both
-        timed), `fits` (the wanted batch, under
-        the headroom), `how` (measured, plan, or why not) and `notes`. The
-        first row is the model as it is (`lever="as is"`), then the levers,
-        the most saved first, then the combinations. `attrs` holds
+        timed), `fits` (the wanted batch, under the headroom), `how`
+        (measured, plan, or why not) and `notes`. The first row is the
+        model as it is (`lever="as is"`), then the levers, the most saved
+        first, then the combinations. `attrs` holds
         `batch_size`, `headroom`, `device`, `limit_bytes`, `base_bytes`
         (in use apart from the model's state), `held_bytes` (each measured
         row's user state held beside its variant while it was measured,
