@@ -26,7 +26,10 @@ full collection frees it, which may not come for many steps
 sizes that jobs in new processes could not (docs/ways-to-fit.md). Where
 this Keras holds each step's arrays in reference cycles, a job's steps
 meet them or not as the collector falls, and the words say so and name
-`break_tree_cycles`.
+`break_tree_cycles`. A size keeps its step time (`step_seconds`) only
+where PyTorch's caching allocator did not free its cache to retry an
+allocation during its measured steps: near the cap that slows a step by
+an amount of its own.
 """
 
 from __future__ import annotations
