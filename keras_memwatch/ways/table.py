@@ -56,9 +56,7 @@ class Account:
         if not a or not b:
             return None
         shared = set(a) & set(b)
-        size_a = size_b = max(shared) if shared else None
-        if size_a is None:
-            size_a, size_b = max(a), max(b)
+        size_a, size_b = (max(shared),) * 2 if shared else (max(a), max(b))
         return None if a[size_a] <= 0 else round(b[size_b] / a[size_a], 3)
 
 
