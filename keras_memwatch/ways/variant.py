@@ -109,16 +109,44 @@ def rebuilt(model: Any, policy: str) -> Any:
     Raises:
         Exception: whatever serializing or rebuilding the model raises.
     """
+    return from_config(model_config(model), policy, like=model)
+
+
+def model_config(model: Any) -> dict:
+    """`model`'s serialized config, to be built again at its first batch."""
     import keras
 
-    config = _replace_policies(keras.saving.serialize_keras_object(model), policy)
+    config = keras.saving.serialize_keras_object(model)
     config.pop("build_config", None)
+    return config
+
+
+def from_config(config: dict, policy: Optional[str] = None,
+                like: Any = None) -> Any:
+    """A new model from `model_config`'s `config`, its float32 layers
+    computing in `policy` (`None`: as they were), compiled as the model
+    `like` was, or else from the config's compile arguments (a model that
+    compiles itself when built, as keras-hub's tasks do with their own
+    defaults, is compiled again).
+
+    Raises:
+        ValueError: for a config without compile arguments, without `like`.
+        Exception: whatever rebuilding the model raises.
+    """
+    import keras
+
+    compiled = config.get("compile_config")
+    if like is None and compiled is None:
+        raise ValueError(f"{config.get('class_name')} has no compile arguments in "
+                         "its config: they are not serializable")
+    if policy:
+        config = _replace_policies(config, policy)
     with warnings.catch_warnings():
         # a model whose `compile` is its own is compiled below
         warnings.filterwarnings("ignore", message=".*compile.*")
         clone = keras.saving.deserialize_keras_object(config)
-    if not getattr(clone, "compiled", False):
-        clone.compile(**_compile_arguments(model))
+    clone.compile(**(_compile_arguments(like) if like is not None
+                     else keras.saving.deserialize_keras_object(compiled)))
     return clone
 
 
@@ -203,6 +231,24 @@ def shortened(data: Batches, length: int) -> Batches:
                    None if data.y is None else keras.tree.map_structure(cut, data.y))
 
 
+def pulled(model: Any, data: Batches, setting: Setting,
+           build: bool = True) -> Batches:
+    """Pulls `setting`'s levers other than the dtype policy on `model` (its
+    optimizer, built on its variables with `build`; its layers'
+    recomputation) and returns `data` as the setting feeds it."""
+    if setting.optimizer or setting.accumulation > 1:
+        model.optimizer = new_optimizer(model.optimizer, setting.optimizer,
+                                        setting.accumulation)
+        if build:
+            model.optimizer.build(model.trainable_variables)
+    if setting.remat is not None:
+        mode = remat_mode(setting.remat)
+        for layer in model._flatten_layers(include_self=True, recursive=True):
+            layer._remat_mode = mode
+    model.train_function = None
+    return shortened(data, setting.sequence) if setting.sequence else data
+
+
 @contextlib.contextmanager
 def _restored(model: Any) -> Iterator[None]:
     """Puts the user's `model` back after the block: its layers' remat
@@ -256,16 +302,7 @@ def realized(model: Any, data: Batches, batch_size: int,
     saved_optimizer = target.optimizer
     try:
         with _restored(model) if target is model else contextlib.nullcontext():
-            if setting.optimizer or setting.accumulation > 1:
-                target.optimizer = new_optimizer(saved_optimizer, setting.optimizer,
-                                                 setting.accumulation)
-                target.optimizer.build(target.trainable_variables)
-            if setting.remat is not None:
-                mode = remat_mode(setting.remat)
-                for layer in target._flatten_layers(include_self=True, recursive=True):
-                    layer._remat_mode = mode
-            target.train_function = None
-            shown = shortened(data, setting.sequence) if setting.sequence else data
+            shown = pulled(target, data, setting)
             users = saved_optimizer if target is model else model.optimizer
             held = held_bytes(state_variables(model, users),
                               state_variables(target, target.optimizer))

@@ -54,3 +54,20 @@ def test_the_users_model_is_left_as_it_was():
     assert "train_step" not in vars(model)
     assert all(getattr(layer, "_remat_mode", None) is None
                for layer in model._flatten_layers(include_self=True))
+
+
+def test_a_rebuilt_model_that_compiles_itself_keeps_the_users_optimizer():
+    """keras-hub's tasks compile themselves with their own defaults (Adam)
+    when built from a config: the rebuilt model is compiled again as the
+    user's was, so a Lion user's mixed-precision row keeps one slot a
+    weight, not Adam's two."""
+    from conftest import tiny_gpt2
+    from keras_memwatch.ways.variant import from_config, model_config, rebuilt
+
+    model, _, _ = tiny_gpt2(optimizer=keras.optimizers.Lion(1e-4))
+    clone = rebuilt(model, "mixed_bfloat16")
+    assert isinstance(clone.optimizer, keras.optimizers.Lion)
+    assert clone.dtype_policy.name == "mixed_bfloat16"
+    again = from_config(model_config(model))  # from the config's compile arguments
+    assert isinstance(again.optimizer, keras.optimizers.Lion)
+    assert float(again.optimizer.learning_rate) == pytest.approx(1e-4)
