@@ -1,16 +1,24 @@
 """Checks trained as jobs in new Python processes (`fresh_process=True`).
 
 A process that has trained keeps some of what its first steps left on the
-device, so it can fit a few percent more than a job started afresh. With
+device, so it can fit a size more or less than a job started afresh. With
 `Jobs`, the ladder still runs in the measuring process, but every check is
 a child, `python -m keras_memwatch.capacity.fresh_process`, that sets the
 same limit with `configure_memory`, loads the model (saved once to a
 temporary `.keras` file, with the sample batch) and trains `JOB_EPOCHS`
-epochs of `JOB_STEPS` steps with `fit`'s own step, as a job would.
+epochs of `JOB_STEPS` steps with `fit`'s own step, as a job would. Where
+Keras's tree functions no longer hold each step's arrays in reference
+cycles in this process (`break_tree_cycles`), the child breaks them too.
+Where the device has room for several under the cap, a round's checks
+train side by side (`JOBS_SIDE_BY_SIDE`): each process's cap is its own.
+Another child module (`ways_to_fit`'s rows) takes the same arguments and
+more (`Child`).
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -24,7 +32,7 @@ from typing import Any, Optional
 
 from keras_memwatch.measure.batches import Batches, repeated, wait_for_steps
 from keras_memwatch.capacity.evidence import JOB, Observation
-from keras_memwatch.units import MIB, format_bytes
+from keras_memwatch.units import GIB, MIB, format_bytes
 
 logger = logging.getLogger("keras_memwatch")
 
@@ -32,92 +40,146 @@ TIMEOUT_S = 600  # one child: start, load, train
 JOB_STEPS = 10
 JOB_EPOCHS = 2
 EXIT_OOM = 3  # the child's exit status when its steps ran out of memory
+#: The most jobs a round trains side by side, and what each needs on the
+#: device beside its cap (PyTorch's CUDA context).
+JOBS_SIDE_BY_SIDE = 4
+CONTEXT_BYTES = GIB
+BREAK_FLAG = "--break-tree-cycles"
 
 
 class FreshProcessError(RuntimeError):
     """A child could not train for a reason other than memory."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Child:
+    """What a job's process runs: `python -m module DIRECTORY SIZE LIMIT
+    MODEL_MODULE [--break-tree-cycles] *arguments`.
+
+    Attributes:
+        module: the module run, with `main`.
+        arguments: what follows the common arguments.
+        limit_bytes: the cap each job sets, or `None`: the measuring
+            process's limit.
+        base_bytes: what a job's peak is read above, or `None`: the memory
+            in use in the measuring process.
+    """
+
+    module: str = __name__
+    arguments: tuple[str, ...] = ()
+    limit_bytes: Optional[int] = None
+    base_bytes: Optional[int] = None
+
+
 class Jobs:
     """The ladder of `steps` (a `steps.Steps`), with every check a job in a
-    new process. Build it with `around`."""
+    new process: `child` run on the files in `directory` (deleted by
+    `close` where the jobs `own` it), `width` side by side. `around` builds
+    it for a model saved as a `.keras` file."""
 
     how = JOB
     aims = False
+    ladder_width = 1
     deadline: Optional[float] = None  # a job is never abandoned
 
-    def __init__(self, steps: Any, directory: str):
+    def __init__(self, steps: Any, directory: str, child: Child = Child(),
+                 width: int = 1, own: bool = True):
         self.steps = steps
         self.directory = directory
+        self.child = child
+        self.own = own
         self.above_limit = steps.above_limit
-        self.ladder_width = steps.ladder_width
-        self.check_width = steps.check_width
-        self.in_use, self.limit = steps.in_use, steps.limit
+        self.check_width = width
+        self.in_use = steps.in_use
+        self.limit = steps.limit
         self.limit_words = steps.limit_words
+        self.job_limit = (child.limit_bytes if child.limit_bytes is not None
+                          else steps.limit)
+        self.base = child.base_bytes if child.base_bytes is not None else steps.in_use
+        self.break_cycles = _cycles_broken(steps.device.backend)
 
     @property
     def words(self) -> str:
         """What the ladder's needs are read from, and how the checks are."""
         return f"{self.steps.words}; checks as jobs in new processes"
 
+    @property
+    def build_left(self) -> tuple[int, int]:
+        return self.steps.build_left
+
+    @staticmethod
+    def refusal(steps: Any, limit: int) -> tuple[str, int]:
+        """Why jobs with a cap of `limit` bytes cannot check beside `steps`
+        (not PyTorch on a GPU under a cap, too little free device memory
+        beside this process), or `""`; and how many fit side by side."""
+        device = steps.device
+        if device.backend != "torch" or not device.on_gpu or not steps.above_limit:
+            return "only PyTorch on a GPU under an allocator cap trains checks as jobs", 1
+        import torch
+
+        free = torch.cuda.mem_get_info(device.gpu_index)[0]
+        if free < limit:
+            return (f"{device.name} has {format_bytes(free)} free beside this "
+                    f"process, less than the {format_bytes(limit)} a job needs"), 1
+        return "", max(1, min(JOBS_SIDE_BY_SIDE, free // (limit + CONTEXT_BYTES)))
+
     @classmethod
     def around(cls, steps: Any) -> Any:
-        """`Jobs` around `steps`, or `steps` itself (with a warning saying
-        why) where jobs cannot check: not PyTorch on a GPU under a cap, too
-        little free device memory beside this process, or a model Keras
-        cannot save."""
-        device = steps.device
-        why = ""
-        if device.backend != "torch" or not device.on_gpu or not steps.above_limit:
-            why = "only PyTorch on a GPU under an allocator cap trains checks as jobs"
-        else:
-            import torch
-
-            free = torch.cuda.mem_get_info(device.gpu_index)[0]
-            if free < steps.limit:
-                why = (f"{device.name} has {format_bytes(free)} free beside this "
-                       f"process, less than the {format_bytes(steps.limit)} a job needs")
+        """`Jobs` around `steps` that load the model from a `.keras` file,
+        or `steps` itself (with a warning saying why) where jobs cannot
+        check (`refusal`) or the model cannot be saved."""
+        why, width = cls.refusal(steps, steps.limit)
         if why:
             logger.warning("estimate_max_batch_size: fresh_process=True, but %s; "
                            "the checks train in this process", why)
             return steps
         directory = tempfile.mkdtemp(prefix="keras_memwatch_fresh_")
         try:
-            steps.model.save(os.path.join(directory, "model.keras"))
-            save_batch(directory, steps.data.x, steps.data.y)
+            save_model(directory, steps.model, steps.data)
         except Exception as e:
             shutil.rmtree(directory, ignore_errors=True)
             logger.warning("estimate_max_batch_size: fresh_process=True, but the "
                            "model could not be saved for a new process (%r); the "
                            "checks train in this process", e)
             return steps
-        return cls(steps, directory)
+        return cls(steps, directory, width=width)
 
     def ladder(self, sizes: Sequence[int]) -> list[Observation]:
         return self.steps.ladder(sizes)
 
     def check(self, sizes: Sequence[int]) -> list[Observation]:
-        return [self._job(b) for b in sizes]
-
-    def _job(self, size: int) -> Observation:
+        """Each size a job, the round's side by side."""
         began = time.perf_counter()
         model_module = type(self.steps.model).__module__.split(".")[0]
+        env = _child_env(self.steps.device.gpu_index)
+        started = [(b, subprocess.Popen(
+            [sys.executable, "-m", self.child.module, self.directory, str(b),
+             str(self.job_limit), model_module]
+            + ([BREAK_FLAG] if self.break_cycles else []) + list(self.child.arguments),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+            for b in sizes]
         try:
-            done = subprocess.run(
-                [sys.executable, "-m", "keras_memwatch.capacity.fresh_process",
-                 self.directory, str(size), str(self.limit), model_module],
-                capture_output=True, text=True, timeout=TIMEOUT_S,
-                env=_child_env(self.steps.device.gpu_index))
+            return [self._ended(b, p, began) for b, p in started]
+        finally:
+            for _, p in started:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+
+    def _ended(self, size: int, process: Any, began: float) -> Observation:
+        try:
+            stdout, stderr = process.communicate(
+                timeout=max(1.0, TIMEOUT_S - (time.perf_counter() - began)))
         except subprocess.TimeoutExpired:
             raise FreshProcessError(f"batch {size} took over {TIMEOUT_S} s") from None
-        out = _last_json(done.stdout)
-        if out is None or done.returncode not in (0, EXIT_OOM):
-            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        out = _last_json(stdout)
+        if out is None or process.returncode not in (0, EXIT_OOM):
+            tail = (stderr.strip().splitlines() or ["no output"])[-1]
             raise FreshProcessError(
-                f"batch {size}: the process exited {done.returncode} ({tail[:300]})")
-        ran = done.returncode == 0
+                f"batch {size}: the process exited {process.returncode} ({tail[:300]})")
+        ran = process.returncode == 0
         peak = out.get("allocated")
-        need = None if peak is None else max(int(peak) - self.in_use, 0)
+        need = None if peak is None else max(int(peak) - self.base, 0)
         seconds = time.perf_counter() - began
         self.steps.progress(f"estimate_max_batch_size: batch {size}, a job in a new "
                             f"process ({seconds:.1f} s): "
@@ -125,8 +187,19 @@ class Jobs:
         return Observation(size, need, JOB, ran=ran, seconds=round(seconds, 3))
 
     def close(self) -> None:
-        """Deletes the saved model and batch."""
-        shutil.rmtree(self.directory, ignore_errors=True)
+        """Deletes the saved model and batch, where they are the jobs' own."""
+        if self.own:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _cycles_broken(backend: str) -> bool:
+    """Whether a child should break Keras's tree cycles as this process has:
+    PyTorch, where Keras's tree functions hold no reference cycles here."""
+    if backend != "torch":
+        return False
+    from keras_memwatch.configure.tree_cycles import tree_holds_cycles
+
+    return not tree_holds_cycles()
 
 
 def _child_env(index: Optional[int]) -> dict[str, str]:
@@ -149,6 +222,12 @@ def _last_json(text: str) -> Optional[dict]:
             except ValueError:
                 return None
     return None
+
+
+def save_model(directory: str, model: Any, data: Batches) -> None:
+    """Writes `model` (`model.keras`) and its sample batch for a child."""
+    model.save(os.path.join(directory, "model.keras"))
+    save_batch(directory, data.x, data.y)
 
 
 def save_batch(directory: str, x: Any, y: Any) -> None:
@@ -185,22 +264,43 @@ def load_batch(directory: str) -> tuple[Any, Any]:
     return batch["x"], batch["y"]
 
 
-def train_fresh(directory: str, size: int, limit_bytes: int,
-                model_module: str = "") -> tuple[int, dict]:
-    """The child's work: limit, load, train. Returns `(exit status, report)`."""
+def child_arguments(argv: Optional[Sequence[str]] = None,
+                    parser: Optional[argparse.ArgumentParser] = None
+                    ) -> argparse.Namespace:
+    """A child's arguments (`Child`), with those `parser` adds."""
+    parser = parser or argparse.ArgumentParser()
+    parser.add_argument("directory")
+    parser.add_argument("size", type=int)
+    parser.add_argument("limit_bytes", type=int)
+    parser.add_argument("model_module", nargs="?", default="")
+    parser.add_argument(BREAK_FLAG, dest="break_cycles", action="store_true")
+    return parser.parse_args(argv)
+
+
+def start_job(limit_bytes: int, model_module: str = "",
+              break_cycles: bool = False) -> None:
+    """A child's set-up before its model: the cap, the module that
+    registers the model's classes, and Keras's tree cycles broken."""
     from keras_memwatch.configure import configure_memory
 
     configure_memory(memory_limit_mb=limit_bytes / MIB, devices=[0])
     import importlib
 
+    if model_module and model_module not in ("keras", "__main__"):
+        importlib.import_module(model_module)
+    if break_cycles:
+        from keras_memwatch.configure.tree_cycles import break_tree_cycles
+
+        break_tree_cycles()
+
+
+def train_job(model: Any, x: Any, y: Any, size: int) -> tuple[int, dict]:
+    """`fit` of `JOB_EPOCHS` epochs of `JOB_STEPS` steps of `size` samples.
+    Returns `(exit status, report)`: the allocator's peak on a GPU."""
     import keras
 
     from keras_memwatch.oom_errors import is_oom_error
 
-    if model_module and model_module not in ("keras", "__main__"):
-        importlib.import_module(model_module)  # registers its classes
-    model = keras.saving.load_model(os.path.join(directory, "model.keras"))
-    x, y = load_batch(directory)
     cuda: Any = None  # torch.cuda, where PyTorch trains on a GPU
     if keras.backend.backend() == "torch":
         import torch
@@ -222,11 +322,21 @@ def train_fresh(directory: str, size: int, limit_bytes: int,
     return 0, {"allocated": int(cuda.max_memory_allocated())}
 
 
+def train_fresh(directory: str, size: int, limit_bytes: int,
+                model_module: str = "", break_cycles: bool = False
+                ) -> tuple[int, dict]:
+    """The child's work: limit, load, train. Returns `(exit status, report)`."""
+    start_job(limit_bytes, model_module, break_cycles)
+    import keras
+
+    model = keras.saving.load_model(os.path.join(directory, "model.keras"))
+    return train_job(model, *load_batch(directory), size)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
-    args = argv if argv is not None else sys.argv[1:]
-    directory, size, limit_bytes = args[:3]
-    status, report = train_fresh(directory, int(size), int(limit_bytes),
-                                 args[3] if len(args) > 3 else "")
+    args = child_arguments(argv)
+    status, report = train_fresh(args.directory, args.size, args.limit_bytes,
+                                 args.model_module, args.break_cycles)
     print(json.dumps(report), flush=True)
     return status
 

@@ -31,3 +31,104 @@ def test_a_job_whose_steps_run_out_of_memory_exits_as_out_of_memory(tmp_path):
     """)
     assert result["ran"] == [0, {}], result
     assert result["out"][0] == result["oom"], result
+
+
+# -- the parent: jobs side by side -------------------------------------------
+
+FAKE_CHILD = """
+import argparse, json, sys, time
+from keras_memwatch.capacity import fresh_process
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--extra")
+args = fresh_process.child_arguments(sys.argv[1:], parser)
+with open(f"{args.directory}/began-{args.size}", "w") as f:
+    f.write(repr(time.time()))
+with open(f"{args.directory}/args-{args.size}", "w") as f:
+    json.dump(vars(args), f)
+time.sleep(1.0)
+if args.size > 100:
+    print(json.dumps({"error": "OutOfMemoryError"}))
+    sys.exit(fresh_process.EXIT_OOM)
+if args.size == 99:
+    sys.exit("a child that cannot load its model")
+print(json.dumps({"allocated": 1000 * args.size}))
+"""
+
+
+class FakeSteps:
+    """What `Jobs` reads of the ladder's strategy."""
+
+    above_limit = True
+    in_use, limit, limit_words = 500, 10**9, "a cap"
+    words = "steps"
+    build_left = (0, 0)
+    device = type("Device", (), {"backend": "cpu", "gpu_index": None,
+                                 "on_gpu": False, "name": "the host"})()
+    model = object()
+
+    def __init__(self):
+        self.lines = []
+        self.progress = self.lines.append
+
+
+def _jobs(tmp_path, monkeypatch, **child):
+    from keras_memwatch.capacity import fresh_process
+
+    (tmp_path / "fake_child.py").write_text(FAKE_CHILD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    steps = FakeSteps()
+    return fresh_process.Jobs(steps, str(tmp_path),
+                              fresh_process.Child("fake_child", **child), width=3,
+                              own=False), steps
+
+
+def test_a_rounds_jobs_train_side_by_side_and_report_each_size(tmp_path, monkeypatch):
+    jobs, steps = _jobs(tmp_path, monkeypatch, base_bytes=200)
+    ran, big, small = jobs.check([8, 200, 4])
+    starts = [float((tmp_path / f"began-{b}").read_text()) for b in (8, 200, 4)]
+    assert max(starts) - min(starts) < 1.0  # each sleeps 1 s: none waited
+    assert (ran.ran, ran.need_bytes, ran.how) == (True, 8000 - 200, "job")
+    assert (big.ran, big.need_bytes) == (False, None)
+    assert small.need_bytes == 4000 - 200
+    assert len(steps.lines) == 3 and "out of memory" in steps.lines[1]
+    jobs.close()  # not its own directory: kept
+    assert (tmp_path / "fake_child.py").exists()
+
+
+def test_the_child_gets_the_cap_and_the_arguments_of_its_kind(tmp_path, monkeypatch):
+    import json
+
+    jobs, _ = _jobs(tmp_path, monkeypatch, arguments=("--extra", "row"),
+                    limit_bytes=123)
+    assert jobs.check([8])[0].need_bytes == 8000 - FakeSteps.in_use
+    args = json.loads((tmp_path / "args-8").read_text())
+    assert (args["size"], args["limit_bytes"], args["extra"]) == (8, 123, "row")
+    assert args["break_cycles"] is False  # this process's Keras is not PyTorch's
+
+
+def test_a_childs_arguments_name_the_module_and_the_cycles_fix():
+    from keras_memwatch.capacity import fresh_process
+
+    args = fresh_process.child_arguments(
+        ["d", "8", "123", "keras_hub", "--break-tree-cycles"])
+    assert (args.size, args.limit_bytes, args.model_module, args.break_cycles) == (
+        8, 123, "keras_hub", True)
+    assert fresh_process.child_arguments(["d", "8", "123"]).model_module == ""
+
+
+def test_a_job_that_fails_for_another_reason_than_memory_is_an_error(
+        tmp_path, monkeypatch):
+    from keras_memwatch.capacity.fresh_process import FreshProcessError
+
+    jobs, _ = _jobs(tmp_path, monkeypatch)
+    with pytest.raises(FreshProcessError, match="batch 99: the process exited 1"):
+        jobs.check([99, 8])
+
+
+def test_jobs_check_only_for_pytorch_on_a_gpu_under_a_cap():
+    from keras_memwatch.capacity.fresh_process import Jobs
+
+    why, width = Jobs.refusal(FakeSteps(), 10**9)
+    assert "only PyTorch on a GPU under an allocator cap" in why and width == 1
