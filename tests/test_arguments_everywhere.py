@@ -90,7 +90,7 @@ CASES = [
     ("trial_sizes", "a,b", T, ("estimate_max_batch_size",), "a,b"),
     ("method", "fast", V, ("estimate_max_batch_size",), "fast"),
     ("method", 3, T, ("estimate_max_batch_size",), None),
-    ("fresh_process", "yes", T, ("estimate_max_batch_size",), None),
+    ("fresh_process", "yes", T, ("estimate_max_batch_size", "ways_to_fit"), None),
     ("progress", "print", T, ("estimate_max_batch_size", "ways_to_fit"), None),
     ("device", "TPU:0", V, ("estimate_max_batch_size", "ways_to_fit"), "TPU:0"),
     ("device", 1.5, T, ("estimate_max_batch_size", "ways_to_fit"), None),

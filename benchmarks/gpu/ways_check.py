@@ -21,7 +21,8 @@ own process, and the verdict counts them: at a limit where one process
 trains a size and the next does not, an answer that trains some of the
 times is "at the edge", not right or above. `--collect N` runs the jobs
 with `CollectCycles(every=N)`, `--break-cycles` the table and the jobs
-after `break_tree_cycles()` (PyTorch). On a CPU, a
+after `break_tree_cycles()` (PyTorch), `--fresh-process` the table with
+each row's checks as jobs in new processes. On a CPU, a
 tiny model without a cap (`conv_tiny`, `gpt2_tiny`) is a smoke test.
 Models: `benchmarks.models`.
 """
@@ -64,6 +65,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                         combinations=not args.no_combinations,
                         max_seconds=args.max_seconds,
                         compilation_cache=args.compilation_cache,
+                        fresh_process=args.fresh_process,
                         progress=lambda line: print("  " + line, flush=True))
     seconds = time.perf_counter() - began
     print(f"\n{args.model} on {keras.backend.backend()}, cap "
@@ -270,6 +272,8 @@ def main(argv: Any = None) -> int:
     parser.add_argument("--break-cycles", action="store_true",
                         help="the table and its jobs after "
                              "keras_memwatch.break_tree_cycles()")
+    parser.add_argument("--fresh-process", action="store_true",
+                        help="ways_to_fit(fresh_process=True): checks as jobs")
     parser.add_argument("--size", type=int, default=None, help="trial: the batch")
     parser.add_argument("--setting", default="{}", help="trial: the row's setting")
     parser.add_argument("--json", default=None, help="write the results here as JSON")

@@ -176,7 +176,8 @@ def sizes_for(batch: int, host_largest: Optional[int], spare: bool = False
 def measure(variant: Variant, device: Optional[str], headroom: float,
             progress: Callable[[str], None], deadline: Optional[Deadline] = None,
             cache_directory: Optional[str] = None,
-            base_bytes: Optional[int] = None) -> Measured:
+            base_bytes: Optional[int] = None,
+            checks: Optional[Callable[[Any, int], Any]] = None) -> Measured:
     """Measures `variant` at its device batch and below.
 
     Args:
@@ -195,6 +196,9 @@ def measure(variant: Variant, device: Optional[str], headroom: float,
             searched in the room it is read in, this plus its own state.
             Defaults to `None` (the model as it is): what is in use, less
             the user's state held beside the variant.
+        checks: given the strategy and the bytes the cap was widened by,
+            the strategy whose checks decide (`fresh_job.FreshJobs.around`).
+            Defaults to `None`: the strategy's own.
 
     Returns:
         A `Measured`.
@@ -210,6 +214,8 @@ def measure(variant: Variant, device: Optional[str], headroom: float,
         strategy: Any = None
         try:
             strategy = strategy_for(model, data, dev, progress)
+            if checks is not None:
+                strategy = checks(strategy, widened)
             host_largest = None if dev.on_gpu else host_largest_batch(
                 data.bytes_per_sample, host_available_bytes()[0])
             planned = strategy.how == PLAN

@@ -26,6 +26,7 @@ from keras_memwatch.ways.levers import (LEVER_NAMES, Lever, Situation, all_lever
                                         changes, combined, notes)
 from keras_memwatch.ways.recompute import not_recomputable, refused_when_traced
 from keras_memwatch.ways.failure import called_layers, failure_words, raised_error
+from keras_memwatch.ways.fresh_job import FreshJobs
 from keras_memwatch.ways.measure import Measured, measure
 from keras_memwatch.ways.variant import Setting, realized
 
@@ -48,6 +49,7 @@ def ways_to_fit(
     verbose: Union[str, int] = "auto",
     max_seconds: Optional[float] = None,
     compilation_cache: Union[None, bool, str, "os.PathLike[str]"] = None,
+    fresh_process: bool = False,
 ) -> Any:
     """Measures what each change to a model would save at the batch you want.
 
@@ -107,6 +109,15 @@ def ways_to_fit(
             of a row's setting in a new process finds its compilations.
             PyTorch, TensorFlow: accepted, does nothing. Defaults to
             `None`: none set.
+        fresh_process: PyTorch on a GPU under a cap: train each row's
+            checks near the limit as jobs of the row's change in new Python
+            processes (the model built again from its config, under the
+            cap), as you would run it, rather than in this process, which
+            holds your model beside each change and can fit a size more or
+            less than a job started afresh. Slower: a process start per
+            size checked (up to four side by side, where the device has
+            room). Elsewhere a warning says the checks train in this
+            process. Defaults to `False`.
 
     Returns:
         A `pandas.DataFrame`, one row per lever: `lever`, `change` (the code
@@ -149,6 +160,7 @@ def ways_to_fit(
     if device is not None:
         device = device_label(device, "device")
     options.boolean("combinations", combinations)
+    options.boolean("fresh_process", fresh_process)
     say = options.optional_callable("progress", progress) or _log
     max_seconds = options.optional_seconds("max_seconds", max_seconds)
     cache = options.cache_directory("compilation_cache", compilation_cache)
@@ -161,13 +173,16 @@ def ways_to_fit(
 
     data = Batches(x, y)
     b = batch_size or data.n
+    fresh = FreshJobs(model, data) if fresh_process else None
     measuring = Measuring(device, headroom, say, Deadline(max_seconds, began),
-                          use_compilation_cache(cache))
+                          use_compilation_cache(cache), fresh=fresh)
     try:
         with state_kept(model, data.take(1)):
             rows, combos, account, situation = _measure_all(
                 model, data, b, names, combinations, measuring, shown)
     finally:
+        if fresh is not None:
+            fresh.close()
         gc.collect()
     shown.done()
     as_is = account.as_is
@@ -193,7 +208,8 @@ class Measuring:
     """How every row is measured: on `device`, checked under `headroom`,
     a line per size to `say`, within `deadline`, with JAX's compilation
     cache in `cache_directory` (or `None`), in the account of the model as
-    it is once it is measured (`base_bytes`, `measure`'s)."""
+    it is once it is measured (`base_bytes`, `measure`'s), the checks as
+    jobs in new processes where `fresh` is given."""
 
     device: Optional[str]
     headroom: float
@@ -201,12 +217,17 @@ class Measuring:
     deadline: Deadline
     cache_directory: Optional[str]
     base_bytes: Optional[int] = None
+    fresh: Optional[FreshJobs] = None
 
     def __call__(self, model: Any, data: Batches, b: int, setting: Setting
                  ) -> Measured:
+        fresh = self.fresh
+        checks = None if fresh is None else (
+            lambda steps, widened: fresh.around(steps, setting, widened))
         with realized(model, data, b, setting) as variant:
             return measure(variant, self.device, self.headroom, self.say,
-                           self.deadline, self.cache_directory, self.base_bytes)
+                           self.deadline, self.cache_directory, self.base_bytes,
+                           checks)
 
     def out_of_time(self) -> str:
         """Once the time has run out, since when; else `""`."""
