@@ -95,3 +95,42 @@ def test_on_the_host_one_warning_says_the_checks_train_here(caplog):
                     "in this process"]
     assert table["lever"].tolist() == ["as is", "sgd_momentum"]
     assert table["need_bytes"].notna().all()
+
+
+def test_each_rows_jobs_run_its_setting_under_the_cap_before_it_was_widened(
+        monkeypatch):
+    """Where jobs can check, a row's checks are jobs of its setting: the
+    cap and the memory their peaks are read above are the variant alone's
+    (the measuring process's, less what the cap was widened by for the
+    user's state held beside it), and the files are written once a table."""
+    from keras_memwatch.capacity.evidence import STEP
+    from keras_memwatch.capacity.fresh_process import Jobs
+
+    class GpuSteps:
+        how, above_limit, limit, in_use = STEP, True, 8 * 2**30, 3 * 2**30
+        limit_words = "a cap"
+        device = type("Device", (), {"backend": "cpu", "gpu_index": 0})()
+
+    asked = []
+    monkeypatch.setattr(Jobs, "refusal", staticmethod(
+        lambda steps, limit: asked.append(limit) or ("", 2)))
+    model, x, y = tiny_gpt2()
+    fresh = FreshJobs(model, Batches(x, y))
+    try:
+        sgd = fresh.around(GpuSteps(), Setting(optimizer="sgd"), widened=2**30)
+        saved_in = fresh.directory
+        plain = fresh.around(GpuSteps(), Setting(), widened=0)
+        assert isinstance(sgd, Jobs) and isinstance(plain, Jobs)
+        assert fresh.directory == saved_in and sorted(os.listdir(saved_in)) == [
+            "batch.json", "batch.npz", "model.json"]
+        assert asked == [7 * 2**30, 8 * 2**30]
+        assert (sgd.job_limit, sgd.base, sgd.check_width) == (
+            7 * 2**30, 2 * 2**30, 2)
+        flag, setting = sgd.child.arguments
+        assert flag == "--setting" and json.loads(setting)["optimizer"] == "sgd"
+        assert sgd.child.module == "keras_memwatch.ways.fresh_job"
+        sgd.close()  # a row's jobs leave the table's files
+        assert os.path.isdir(saved_in)
+    finally:
+        fresh.close()
+    assert not os.path.exists(saved_in)
