@@ -79,6 +79,11 @@ def add_fit_check_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
                              "later estimate and fit find them; a cache you set "
                              "(JAX_COMPILATION_CACHE_DIR) wins; PyTorch, "
                              "TensorFlow: ignored (default: none)")
+    parser.add_argument("--fresh-process", action="store_true",
+                        help="PyTorch on a GPU under a cap: check the estimate's "
+                             "answers (and --ways's rows) with jobs in new "
+                             "processes (slower; elsewhere a warning says the "
+                             "checks train in this process)")
     parser.add_argument("--json", action="store_true",
                         help="print the estimate as JSON instead of text")
     parser.add_argument("--ways", action="store_true",
@@ -240,6 +245,7 @@ def run_fit_check(args: argparse.Namespace) -> int:
         headroom=args.headroom, method=args.method,
         max_seconds=getattr(args, "max_seconds", None),
         compilation_cache=getattr(args, "compilation_cache", None),
+        fresh_process=getattr(args, "fresh_process", False),
         verbose=0 if args.json else "auto")
     if args.json:
         print(json.dumps(estimate.to_dict(), indent=2))
@@ -268,7 +274,8 @@ def _print_ways(model: Any, x: Any, y: Any, args: argparse.Namespace) -> None:
                         headroom=args.headroom, levers=args.levers,
                         device=args.device, verbose=0 if args.json else "auto",
                         max_seconds=getattr(args, "max_seconds", None),
-                        compilation_cache=getattr(args, "compilation_cache", None))
+                        compilation_cache=getattr(args, "compilation_cache", None),
+                        fresh_process=getattr(args, "fresh_process", False))
     if args.json:
         print(table.to_json(orient="records", indent=2))
     else:

@@ -105,6 +105,17 @@ def test_fit_check_takes_a_time_budget_and_a_compilation_cache(tmp_path):
     assert (tmp_path / "jax_cache").is_dir() == (BACKEND == "jax")
 
 
+def test_fit_check_passes_fresh_process_to_the_estimate_and_the_table(tmp_path):
+    done = run_cli(tmp_path, "--model", "tiny_model_mod:build", "--trial-sizes",
+                   "8,16", "--ways", "--batch-size", "16", "--levers",
+                   "sgd_momentum", "--fresh-process")
+    assert done.returncode in (0, 3), done.stderr
+    for caller in ("estimate_max_batch_size", "ways_to_fit"):
+        assert (f"{caller}: fresh_process=True, but only PyTorch on a GPU under an "
+                "allocator cap") in done.stderr
+    assert "Ways to fit a batch of 16" in done.stdout
+
+
 def test_compilation_cache_alone_means_the_default_directory():
     import argparse
 
