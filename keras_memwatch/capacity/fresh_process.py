@@ -148,37 +148,44 @@ class Jobs:
         return self.steps.ladder(sizes)
 
     def check(self, sizes: Sequence[int]) -> list[Observation]:
-        """Each size a job, the round's side by side."""
+        """Each size a job, the round's side by side (their output to files,
+        so that none waits on a pipe the others fill)."""
         began = time.perf_counter()
         model_module = type(self.steps.model).__module__.split(".")[0]
         env = _child_env(self.steps.device.gpu_index)
-        started = [(b, subprocess.Popen(
-            [sys.executable, "-m", self.child.module, self.directory, str(b),
-             str(self.job_limit), model_module]
-            + ([BREAK_FLAG] if self.break_cycles else []) + list(self.child.arguments),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
-            for b in sizes]
+        started = []
         try:
-            return [self._ended(b, p, began) for b, p in started]
+            for b in sizes:
+                out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+                started.append((b, out, err, subprocess.Popen(
+                    [sys.executable, "-m", self.child.module, self.directory, str(b),
+                     str(self.job_limit), model_module]
+                    + ([BREAK_FLAG] if self.break_cycles else [])
+                    + list(self.child.arguments), stdout=out, stderr=err, env=env)))
+            return [self._ended(b, out, err, p, began) for b, out, err, p in started]
         finally:
-            for _, p in started:
+            for _, out, err, p in started:
                 if p.poll() is None:
                     p.kill()
                     p.wait()
+                out.close()
+                err.close()
 
-    def _ended(self, size: int, process: Any, began: float) -> Observation:
+    def _ended(self, size: int, out: Any, err: Any, process: Any,
+               began: float) -> Observation:
         try:
-            stdout, stderr = process.communicate(
-                timeout=max(1.0, TIMEOUT_S - (time.perf_counter() - began)))
+            process.wait(timeout=max(1.0, TIMEOUT_S - (time.perf_counter() - began)))
         except subprocess.TimeoutExpired:
             raise FreshProcessError(f"batch {size} took over {TIMEOUT_S} s") from None
-        out = _last_json(stdout)
-        if out is None or process.returncode not in (0, EXIT_OOM):
-            tail = (stderr.strip().splitlines() or ["no output"])[-1]
+        out.seek(0)
+        err.seek(0)
+        report = _last_json(out.read())
+        if report is None or process.returncode not in (0, EXIT_OOM):
+            tail = (err.read().strip().splitlines() or ["no output"])[-1]
             raise FreshProcessError(
                 f"batch {size}: the process exited {process.returncode} ({tail[:300]})")
         ran = process.returncode == 0
-        peak = out.get("allocated")
+        peak = report.get("allocated")
         need = None if peak is None else max(int(peak) - self.base, 0)
         seconds = time.perf_counter() - began
         self.steps.progress(f"estimate_max_batch_size: batch {size}, a job in a new "

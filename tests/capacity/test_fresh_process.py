@@ -42,6 +42,8 @@ from keras_memwatch.capacity import fresh_process
 parser = argparse.ArgumentParser()
 parser.add_argument("--extra")
 args = fresh_process.child_arguments(sys.argv[1:], parser)
+sys.stderr.write("a framework's logs " * 20000)  # more than a pipe holds
+sys.stderr.flush()
 with open(f"{args.directory}/began-{args.size}", "w") as f:
     f.write(repr(time.time()))
 with open(f"{args.directory}/args-{args.size}", "w") as f:
@@ -88,7 +90,7 @@ def test_a_rounds_jobs_train_side_by_side_and_report_each_size(tmp_path, monkeyp
     jobs, steps = _jobs(tmp_path, monkeypatch, base_bytes=200)
     ran, big, small = jobs.check([8, 200, 4])
     starts = [float((tmp_path / f"began-{b}").read_text()) for b in (8, 200, 4)]
-    assert max(starts) - min(starts) < 1.0  # each sleeps 1 s: none waited
+    assert max(starts) - min(starts) < 1.0  # each sleeps 1 s: none waited on another
     assert (ran.ran, ran.need_bytes, ran.how) == (True, 8000 - 200, "job")
     assert (big.ran, big.need_bytes) == (False, None)
     assert small.need_bytes == 4000 - 200
