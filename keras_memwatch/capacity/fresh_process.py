@@ -108,7 +108,7 @@ class Jobs:
         return self.steps.build_left
 
     @staticmethod
-    def refusal(steps: Any, limit: int) -> tuple[str, int]:
+    def refusal(steps: Any, limit: Optional[int]) -> tuple[str, int]:
         """Why jobs with a cap of `limit` bytes cannot check beside `steps`
         (not PyTorch on a GPU under a cap, too little free device memory
         beside this process), or `""`; and how many fit side by side."""

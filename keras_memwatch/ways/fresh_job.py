@@ -26,7 +26,6 @@ from typing import Any, Optional
 
 from keras_memwatch.capacity.fresh_process import (
     Child, Jobs, child_arguments, load_batch, save_batch, start_job, train_job)
-from keras_memwatch.capacity.evidence import STEP
 from keras_memwatch.measure.batches import Batches
 from keras_memwatch.ways.variant import (Setting, from_config, model_config,
                                          pulled, rebuild_problem)
@@ -56,10 +55,9 @@ class FreshJobs:
         """The checks of `steps` (a row's real steps, measured with the
         cap widened by `widened` bytes) as jobs of `setting`, under the cap
         before it was widened; `steps` itself where jobs cannot check."""
-        if self.refused or getattr(steps, "how", None) != STEP:
-            return self._refuse(steps, self.refused or "only PyTorch on a GPU under "
-                                "an allocator cap trains checks as jobs")
-        limit = steps.limit - widened
+        if self.refused:
+            return steps
+        limit = None if steps.limit is None else steps.limit - widened
         why, width = Jobs.refusal(steps, limit)
         if not why and self.directory is None:
             why = self._save()

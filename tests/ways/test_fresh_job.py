@@ -103,11 +103,10 @@ def test_each_rows_jobs_run_its_setting_under_the_cap_before_it_was_widened(
     cap and the memory their peaks are read above are the variant alone's
     (the measuring process's, less what the cap was widened by for the
     user's state held beside it), and the files are written once a table."""
-    from keras_memwatch.capacity.evidence import STEP
     from keras_memwatch.capacity.fresh_process import Jobs
 
     class GpuSteps:
-        how, above_limit, limit, in_use = STEP, True, 8 * 2**30, 3 * 2**30
+        above_limit, limit, in_use = True, 8 * 2**30, 3 * 2**30
         limit_words = "a cap"
         device = type("Device", (), {"backend": "cpu", "gpu_index": 0})()
 
