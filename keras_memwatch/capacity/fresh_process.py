@@ -114,7 +114,8 @@ class Jobs:
         beside this process), or `""`; and how many fit side by side."""
         device = steps.device
         if device.backend != "torch" or not device.on_gpu or not steps.above_limit:
-            return "only PyTorch on a GPU under an allocator cap trains checks as jobs", 1
+            return ("only PyTorch on a GPU under an allocator cap trains checks as "
+                    "jobs"), 1
         import torch
 
         free = torch.cuda.mem_get_info(device.gpu_index)[0]
