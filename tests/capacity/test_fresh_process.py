@@ -36,7 +36,7 @@ def test_a_job_whose_steps_run_out_of_memory_exits_as_out_of_memory(tmp_path):
 # -- the parent: jobs side by side -------------------------------------------
 
 FAKE_CHILD = """
-import argparse, json, sys, time
+import argparse, json, os, sys, time
 from keras_memwatch.capacity import fresh_process
 
 parser = argparse.ArgumentParser()
@@ -44,11 +44,17 @@ parser.add_argument("--extra")
 args = fresh_process.child_arguments(sys.argv[1:], parser)
 sys.stderr.write("a framework's logs " * 20000)  # more than a pipe holds
 sys.stderr.flush()
-with open(f"{args.directory}/began-{args.size}", "w") as f:
-    f.write(repr(time.time()))
 with open(f"{args.directory}/args-{args.size}", "w") as f:
     json.dump(vars(args), f)
-time.sleep(1.0)
+# every job of the round has begun before any ends, or the round was not
+# side by side
+open(f"{args.directory}/began-{args.size}", "w").close()
+deadline = time.time() + 120
+while not all(os.path.exists(f"{args.directory}/began-{b}")
+              for b in os.environ["ROUND"].split(",")):
+    if time.time() > deadline:
+        sys.exit("the other jobs of the round never began")
+    time.sleep(0.05)
 if args.size > 100:
     print(json.dumps({"error": "OutOfMemoryError"}))
     sys.exit(fresh_process.EXIT_OOM)
@@ -74,8 +80,10 @@ class FakeSteps:
         self.progress = self.lines.append
 
 
-def _jobs(tmp_path, monkeypatch, **child):
+def _jobs(tmp_path, monkeypatch, round_sizes, **child):
     from keras_memwatch.capacity import fresh_process
+
+    monkeypatch.setenv("ROUND", ",".join(map(str, round_sizes)))
 
     (tmp_path / "fake_child.py").write_text(FAKE_CHILD)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -87,10 +95,8 @@ def _jobs(tmp_path, monkeypatch, **child):
 
 
 def test_a_rounds_jobs_train_side_by_side_and_report_each_size(tmp_path, monkeypatch):
-    jobs, steps = _jobs(tmp_path, monkeypatch, base_bytes=200)
-    ran, big, small = jobs.check([8, 200, 4])
-    starts = [float((tmp_path / f"began-{b}").read_text()) for b in (8, 200, 4)]
-    assert max(starts) - min(starts) < 1.0  # each sleeps 1 s: none waited on another
+    jobs, steps = _jobs(tmp_path, monkeypatch, [8, 200, 4], base_bytes=200)
+    ran, big, small = jobs.check([8, 200, 4])  # each waits until all began
     assert (ran.ran, ran.need_bytes, ran.how) == (True, 8000 - 200, "job")
     assert (big.ran, big.need_bytes) == (False, None)
     assert small.need_bytes == 4000 - 200
@@ -102,12 +108,12 @@ def test_a_rounds_jobs_train_side_by_side_and_report_each_size(tmp_path, monkeyp
 def test_the_child_gets_the_cap_and_the_arguments_of_its_kind(tmp_path, monkeypatch):
     import json
 
-    jobs, _ = _jobs(tmp_path, monkeypatch, arguments=("--extra", "row"),
+    jobs, _ = _jobs(tmp_path, monkeypatch, [8], arguments=("--extra", "row"),
                     limit_bytes=123)
     assert jobs.check([8])[0].need_bytes == 8000 - FakeSteps.in_use
     args = json.loads((tmp_path / "args-8").read_text())
     assert (args["size"], args["limit_bytes"], args["extra"]) == (8, 123, "row")
-    assert args["break_cycles"] is False  # this process's Keras is not PyTorch's
+    assert args["break_cycles"] is False  # the steps' backend is not PyTorch
 
 
 def test_a_childs_arguments_name_the_module_and_the_cycles_fix():
@@ -124,7 +130,7 @@ def test_a_job_that_fails_for_another_reason_than_memory_is_an_error(
         tmp_path, monkeypatch):
     from keras_memwatch.capacity.fresh_process import FreshProcessError
 
-    jobs, _ = _jobs(tmp_path, monkeypatch)
+    jobs, _ = _jobs(tmp_path, monkeypatch, [99, 8])
     with pytest.raises(FreshProcessError, match="batch 99: the process exited 1"):
         jobs.check([99, 8])
 
