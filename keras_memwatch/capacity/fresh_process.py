@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from keras_memwatch.measure.batches import Batches, repeated, wait_for_steps
 from keras_memwatch.capacity.evidence import JOB, Observation
@@ -134,11 +134,10 @@ class Jobs:
             logger.warning("estimate_max_batch_size: fresh_process=True, but %s; "
                            "the checks train in this process", why)
             return steps
-        directory = tempfile.mkdtemp(prefix="keras_memwatch_fresh_")
         try:
-            save_model(directory, steps.model, steps.data)
+            directory = written_directory(
+                lambda d: save_model(d, steps.model, steps.data))
         except Exception as e:
-            shutil.rmtree(directory, ignore_errors=True)
             logger.warning("estimate_max_batch_size: fresh_process=True, but the "
                            "model could not be saved for a new process (%r); the "
                            "checks train in this process", e)
@@ -230,6 +229,18 @@ def _last_json(text: str) -> Optional[dict]:
             except ValueError:
                 return None
     return None
+
+
+def written_directory(write: Callable[[str], None]) -> str:
+    """A new temporary directory that `write` filled with what a job
+    loads; none is left where `write` raised (raised again)."""
+    directory = tempfile.mkdtemp(prefix="keras_memwatch_jobs_")
+    try:
+        write(directory)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    return directory
 
 
 def save_model(directory: str, model: Any, data: Batches) -> None:

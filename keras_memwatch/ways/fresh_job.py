@@ -21,14 +21,14 @@ import logging
 import os
 import shutil
 import sys
-import tempfile
 from typing import Any, Optional
 
 from keras_memwatch.capacity.fresh_process import (
-    Child, Jobs, child_arguments, load_batch, save_batch, start_job, train_job)
+    Child, Jobs, child_arguments, load_batch, save_batch, start_job, train_job,
+    written_directory)
 from keras_memwatch.measure.batches import Batches
 from keras_memwatch.ways.variant import (Setting, from_config, model_config,
-                                         pulled, rebuild_problem)
+                                         pulled, rebuild_problem, uncompilable)
 
 logger = logging.getLogger("keras_memwatch")
 
@@ -73,18 +73,19 @@ class FreshJobs:
         if problem:
             return problem
         config = model_config(self.model)
-        if config.get("compile_config") is None:
-            return (f"{type(self.model).__name__}'s compile arguments are not "
-                    "serializable, so a new process cannot compile it")
-        directory = tempfile.mkdtemp(prefix="keras_memwatch_ways_")
-        try:
+        problem = uncompilable(config)
+        if problem:
+            return problem
+
+        def write(directory: str) -> None:
             with open(os.path.join(directory, CONFIG), "w") as f:
                 json.dump(config, f)
             save_batch(directory, self.data.x, self.data.y)
+
+        try:
+            self.directory = written_directory(write)
         except Exception as e:  # noqa: BLE001 - the user's config, any error
-            shutil.rmtree(directory, ignore_errors=True)
             return f"the model could not be saved for a new process ({e!r})"
-        self.directory = directory
         return ""
 
     def _refuse(self, steps: Any, why: str) -> Any:

@@ -135,10 +135,9 @@ def from_config(config: dict, policy: Optional[str] = None,
     """
     import keras
 
-    compiled = config.get("compile_config")
-    if like is None and compiled is None:
-        raise ValueError(f"{config.get('class_name')} has no compile arguments in "
-                         "its config: they are not serializable")
+    problem = "" if like is not None else uncompilable(config)
+    if problem:
+        raise ValueError(problem)
     if policy:
         config = _replace_policies(config, policy)
     with warnings.catch_warnings():
@@ -146,8 +145,19 @@ def from_config(config: dict, policy: Optional[str] = None,
         warnings.filterwarnings("ignore", message=".*compile.*")
         clone = keras.saving.deserialize_keras_object(config)
     clone.compile(**(_compile_arguments(like) if like is not None
-                     else keras.saving.deserialize_keras_object(compiled)))
+                     else keras.saving.deserialize_keras_object(
+                         config["compile_config"])))
     return clone
+
+
+def uncompilable(config: dict) -> str:
+    """Why a model built from `model_config`'s `config` alone cannot be
+    compiled as the original was, or `""`."""
+    if config.get("compile_config") is not None:
+        return ""
+    return (f"{config.get('class_name')}'s compile arguments are not in its "
+            "config (not serializable), so a model built from it cannot be "
+            "compiled as yours was")
 
 
 def _compile_arguments(model: Any) -> dict[str, Any]:

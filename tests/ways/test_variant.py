@@ -71,3 +71,19 @@ def test_a_rebuilt_model_that_compiles_itself_keeps_the_users_optimizer():
     again = from_config(model_config(model))  # from the config's compile arguments
     assert isinstance(again.optimizer, keras.optimizers.Lion)
     assert float(again.optimizer.learning_rate) == pytest.approx(1e-4)
+
+
+def test_a_config_without_compile_arguments_is_refused_with_why():
+    from conftest import tiny_gpt2
+    from keras_memwatch.ways.variant import from_config, model_config, uncompilable
+
+    model, _, _ = tiny_gpt2()
+    config = model_config(model)
+    assert uncompilable(config) == ""
+    del config["compile_config"]
+    assert "GPT2CausalLM's compile arguments are not in its config" in uncompilable(
+        config)
+    with pytest.raises(ValueError, match="cannot be compiled as yours was"):
+        from_config(config)
+    assert isinstance(from_config(config, like=model).optimizer,
+                      type(model.optimizer))  # `like` gives them
