@@ -113,7 +113,8 @@ class Jobs:
         (not PyTorch on a GPU under a cap, too little free device memory
         beside this process), or `""`; and how many fit side by side."""
         device = steps.device
-        if device.backend != "torch" or not device.on_gpu or not steps.above_limit:
+        if (limit is None or device.backend != "torch" or not device.on_gpu
+                or not steps.above_limit):
             return ("only PyTorch on a GPU under an allocator cap trains checks as "
                     "jobs"), 1
         import torch
