@@ -10,6 +10,10 @@
 #   bash benchmarks/gpu/open_issues.sh together jax_row_jobs # JAX rows as jobs
 #   bash benchmarks/gpu/open_issues.sh together ways_jax_table   # then, warm:
 #   bash benchmarks/gpu/open_issues.sh together ways_jax
+#   BREAK_CYCLES=1 FRESH=1 resconv_levers=sgd_momentum \
+#     bash benchmarks/gpu/open_issues.sh together ways_resconv_torch  # then, alone,
+#   BREAK_CYCLES=1 FRESH=1 PHI3_LEVERS=sgd_momentum,remat \
+#     bash benchmarks/gpu/open_issues.sh together ways_phi3_torch
 #   LAYERS_MODELS=gpt2,llama,mistral,gemma,opt,phi3 \
 #     bash benchmarks/gpu/open_issues.sh together layers_jax layers_jax_test
 # (run on 2026-12-05: ways_room heldout_capacity heldout_jobs accumulation_edge
@@ -31,8 +35,11 @@ run() { local seconds=$1 name=$2; shift 2
     grep -v "hlo_rematerialization\|^[WI][0-9]\|Warning\|warn(" "$out/$name.txt" | tail -n 24
   } | cat; }
 
-# BREAK_CYCLES=1: the PyTorch tables and their jobs after break_tree_cycles()
+# BREAK_CYCLES=1: the PyTorch tables and their jobs after break_tree_cycles();
+# FRESH=1: the PyTorch tables check each row near its limit with jobs of its
+# change in new processes (ways_to_fit(fresh_process=True))
 break_cycles=${BREAK_CYCLES:+--break-cycles}
+fresh=${FRESH:+--fresh-process}
 gpt2_speed() { run 590 gpt2-speed env KERAS_BACKEND=jax python3 -m benchmarks.gpu.capacity_speed \
   gpt2 --limit-mb 8192; }
 bert_speed() { run 450 bert-speed env KERAS_BACKEND=jax python3 -m benchmarks.gpu.capacity_speed \
@@ -55,17 +62,19 @@ layers_jax_test() { run 300 layers-jax-test env KERAS_BACKEND=jax \
   -k language_models -q -p no:cacheprovider -s; }
 # written after ways_to_fit's GPU tables: keras-hub Phi-3 (AdamW, 256 tokens)
 # under 8 GiB at a batch of 32, every lever; on PyTorch with its jobs, on JAX
-# the rows that fit the time (then again, warm, with its jobs: PHI3_VERIFY=1)
+# the rows that fit the time (then again, warm, with its jobs: PHI3_VERIFY=1);
+# PHI3_LEVERS: the PyTorch rows (every lever and the combinations by default)
+phi3_levers=${PHI3_LEVERS:+--levers $PHI3_LEVERS --no-combinations}
 ways_phi3_torch() { run 560 ways-phi3-torch env KERAS_BACKEND=torch python3 -m \
   benchmarks.gpu.ways_check phi3 --limit-mb 8192 --batch 32 --verify --parallel 4 \
-  --json "$out/phi3-torch.json" $break_cycles; }
+  --json "$out/phi3-torch.json" $phi3_levers $break_cycles $fresh; }
 ways_phi3_jax() { run 580 ways-phi3-jax env KERAS_BACKEND=jax python3 -m \
   benchmarks.gpu.ways_check phi3 --limit-mb 8192 --batch 32 --levers "$jax_levers" \
   --no-combinations --max-seconds ${WAYS_JAX_SECONDS:-520} --parallel 3 \
   --compilation-cache "$cache/jax-cache" ${PHI3_VERIFY:+--verify}; }
 ways_torch() { run 300 ways-torch env KERAS_BACKEND=torch python3 -m benchmarks.gpu.ways_check gpt2 \
   --limit-mb 8192 --batch 16 --levers mixed_precision,adafactor,sgd_momentum,gradient_accumulation \
-  --no-combinations --verify --parallel 2 $break_cycles; }
+  --no-combinations --verify --parallel 2 $break_cycles $fresh; }
 # the room an optimizer variant meets beside the user's model: widened, or
 # with the held slots on the host; ROOM_SIZES in the order asked (the row's
 # search asks 4, 8 and 16 before the sizes near its limit)
@@ -88,7 +97,7 @@ ways_jax() { run 580 ways-jax env KERAS_BACKEND=jax python3 -m benchmarks.gpu.wa
 ways_resconv_torch() { run 400 ways-resconv-torch env KERAS_BACKEND=torch python3 -m \
   benchmarks.gpu.ways_check resconv --limit-mb 6144 --batch 512 --no-combinations --verify \
   --parallel 3 --levers ${resconv_levers:-all} --repeat ${RESCONV_REPEAT:-1} \
-  $break_cycles; }
+  $break_cycles $fresh; }
 ways_resconv_jax() { run 585 ways-resconv-jax env KERAS_BACKEND=jax python3 -m \
   benchmarks.gpu.ways_check resconv --limit-mb 6144 --batch 512 --no-combinations --verify \
   --levers gradient_accumulation --parallel 4 --max-seconds 370; }
