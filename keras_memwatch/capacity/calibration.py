@@ -1,9 +1,9 @@
 """Quick plans read through plans compiled as `fit` compiles them (JAX).
 
 A quick plan (`evidence.AIMED`: no autotuning, cheaper code generation)
-is made in about two thirds of the time of a plan as `fit` compiles it,
-and its buffers are mostly the same (GPT-2 base: the same bytes at 16 and
-30, docs/capacity.md); where a model's are not, alone it would aim off.
+is made in less time than a plan as `fit` compiles it, and its buffers
+are mostly the same (docs/capacity.md); where a model's are not, alone
+it would aim off.
 Where both kinds were compiled, their ratio at that size says how far the
 quick plans are off there: `calibrated` scales every quick plan by the
 ratio at its size (interpolated between sizes where both are known, the

@@ -1,8 +1,8 @@
 """An estimate's record of XLA's plans, kept beside JAX's compilation cache.
 
 A second estimate of the same step finds every compilation in JAX's
-persistent cache, but it would still trace and lower each size again (about
-1.5-3 s each for GPT-2 base, one at a time). The plans themselves depend
+persistent cache, but it would still trace and lower each size again, one
+at a time (seconds each for a language model). The plans themselves depend
 only on the step's program and the compiler's limit, so the record is kept
 too: `save` writes the observations to `<cache>/keras_memwatch_records/`,
 named by a `fingerprint` of what decides them, and `load` reads them back.
