@@ -47,8 +47,12 @@ def expected_seconds(rounds: Sequence[tuple[str, list[int], float]], kind: str,
     wall time of the `(kind, sizes, seconds)` rounds before it (setting up
     included). Compilations side by side (`side_by_side`) take as long as
     the slowest round of their kind (a first check as `fit` compiles it,
-    twice the slowest before it); steps, one size after another, in
-    proportion to the batch."""
+    twice the slowest before it); steps, one size after another, as long
+    as a size of the round that asked the largest batch, and in proportion
+    to the batch above it. A round's time holds a share that does not grow
+    with the batch (the first step at a new shape), so the largest batch
+    timed bounds a larger one most closely: a small one scaled up would
+    count that share many times over."""
     pool = [r for r in rounds if r[0] == kind]
     scale = 2.0 if not pool and kind == "check" and side_by_side else 1.0
     pool = pool or list(rounds)
@@ -56,5 +60,7 @@ def expected_seconds(rounds: Sequence[tuple[str, list[int], float]], kind: str,
         return 0.0
     if side_by_side:
         return scale * max(seconds for _, _, seconds in pool)
-    return scale * sum(max(seconds / len(asked) * max(b / max(asked), 1.0)
-                           for _, asked, seconds in pool) for b in sizes)
+    top = max(max(asked) for _, asked, _ in pool)
+    per_size = max(seconds / len(asked) for _, asked, seconds in pool
+                   if max(asked) == top)
+    return scale * sum(per_size * max(b / top, 1.0) for b in sizes)
