@@ -56,13 +56,11 @@ GPU_STEPS = 3
 #: What Keras's build may leave before the explanation says so.
 BUILD_LEFT_SAID = 2**20
 
-GPU_WORDS = "the allocator's peak of real steps"
 TREE_CYCLES_WORDS = (
     "Keras's PyTorch backend holds each step's arrays in reference cycles until "
     "Python's collector runs (keras-team/keras#23110), so a `fit` near the limit "
     "may meet earlier steps' arrays; `keras_memwatch.break_tree_cycles()` before "
     "`fit` stops it")
-HOST_WORDS = "the host's peak resident memory of real steps"
 
 logger = logging.getLogger("keras_memwatch")
 
@@ -140,10 +138,11 @@ class Steps:
     def words(self) -> str:
         """What a size's need is read from, what Keras's build left, and
         whether Keras holds steps' arrays in reference cycles."""
+        measured = f"{self.device.peak_words} of real steps"
         if not self.device.on_gpu:
-            return HOST_WORDS
+            return measured
         size, left = self.build_left
-        parts = [GPU_WORDS] + ([build_left_words(size, left)] if left else [])
+        parts = [measured] + ([build_left_words(size, left)] if left else [])
         return "; ".join(parts + ([TREE_CYCLES_WORDS] if self.tree_cycles else []))
 
     def ladder(self, sizes: Sequence[int]) -> list[Observation]:
@@ -200,8 +199,7 @@ class Steps:
             if self.torch is not None:
                 self.torch.cuda.synchronize(self.device.gpu_index)
             undisturbed = self._retries() == retries
-            peak = self.device.peak()
-            need = None if peak is None else max(peak - self.in_use, 0)
+            need = self.device.need(self.in_use)
             ran = True
         except Exception as e:
             if not is_oom_error(e):

@@ -61,12 +61,45 @@ class Device:
         self.gpu_index = int(name.split(":")[1]) if self.on_gpu else None
         self.peak_column = C.ALLOCATOR_PEAK if self.on_gpu else C.HOST_PEAK_RSS
         self._heap = contextlib.ExitStack()
+        #: TensorFlow's CPU allocator, where it keeps statistics: it pools
+        #: what it frees (oneDNN builds), so the resident set does not
+        #: follow the steps, and its own peak is read instead.
+        self._cpu_pool = (not self.on_gpu and backend == "tensorflow"
+                          and _tensorflow_cpu_pool())
+        self._pool_base = 0
         if not self.on_gpu:
             self._heap.enter_context(heap_follows_arrays())
 
+    @property
+    def peak_words(self) -> str:
+        """What a step's need is read from."""
+        if self.on_gpu:
+            return "the allocator's peak"
+        if self._cpu_pool:
+            return "TensorFlow's CPU allocator's peak"
+        return "the host's peak resident memory"
+
     def read(self) -> dict[str, Optional[int]]:
         """The device's row now (it resets the peaks that can be reset)."""
-        return self.sampler.sample()[self.index]
+        row = self.sampler.sample()[self.index]
+        if self._cpu_pool:
+            import tensorflow as tf
+
+            tf.config.experimental.reset_memory_stats("CPU:0")
+            self._pool_base = tf.config.experimental.get_memory_info("CPU:0")["current"]
+        return row
+
+    def need(self, in_use: int) -> Optional[int]:
+        """Bytes above `in_use` at the peak since the previous `read`; on
+        the host under a pooling TensorFlow allocator, its peak above what it
+        held at that read."""
+        if self._cpu_pool:
+            import tensorflow as tf
+
+            peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
+            return max(peak - self._pool_base, 0)
+        peak = self.peak()
+        return None if peak is None else max(peak - in_use, 0)
 
     def in_use(self) -> int:
         """Bytes in use now (on the host, after freed heap is handed back).
@@ -112,3 +145,15 @@ class Device:
         `heap_follows_arrays` does)."""
         self.sampler.close()
         self._heap.close()
+
+
+def _tensorflow_cpu_pool() -> bool:
+    """Whether TensorFlow's CPU allocator keeps statistics (it pools what it
+    frees; without oneDNN it is `malloc`, and keeps none)."""
+    try:
+        import tensorflow as tf
+
+        tf.config.experimental.get_memory_info("CPU:0")
+    except Exception:  # noqa: BLE001 - "Allocator stats not available"
+        return False
+    return True

@@ -20,6 +20,7 @@ class FakeDevice:
     backend = "fake"  # not torch: nothing to synchronize
     name = "GPU:0"
     gpu_index = 0
+    peak_words = "the allocator's peak"
 
     def __init__(self, on_gpu: bool, events: list[str]):
         self.on_gpu = on_gpu
@@ -35,7 +36,7 @@ class FakeDevice:
     def read(self) -> None:
         self.events.append("peaks reset")
 
-    def peak(self) -> int:
+    def need(self, in_use: int) -> int:
         return 2**20
 
 
