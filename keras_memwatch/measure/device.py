@@ -1,7 +1,9 @@
 """The device an estimate measures: its limit, what is in use, its peaks.
 
 Read through keras_memwatch's own probes (`keras_memwatch.record`), the
-same readings MemWatch records.
+same readings MemWatch records; a step's need on the host under
+TensorFlow, where its CPU allocator pools what it frees, from that
+allocator's own statistics (`Device.need`).
 """
 
 from __future__ import annotations
