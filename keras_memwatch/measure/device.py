@@ -63,11 +63,11 @@ class Device:
         self.gpu_index = int(name.split(":")[1]) if self.on_gpu else None
         self.peak_column = C.ALLOCATOR_PEAK if self.on_gpu else C.HOST_PEAK_RSS
         self._heap = contextlib.ExitStack()
-        #: TensorFlow's CPU allocator, where it keeps statistics: it pools
+        #: Whether TensorFlow's CPU allocator keeps statistics: it pools
         #: what it frees (oneDNN builds), so the resident set does not
         #: follow the steps, and its own peak is read instead.
-        self._cpu_pool = (not self.on_gpu and backend == "tensorflow"
-                          and _tensorflow_cpu_pool())
+        self.host_pool = (not self.on_gpu and backend == "tensorflow"
+                          and tensorflow_cpu_pool())
         self._pool_base = 0
         if not self.on_gpu:
             self._heap.enter_context(heap_follows_arrays())
@@ -77,14 +77,14 @@ class Device:
         """What a step's need is read from."""
         if self.on_gpu:
             return "the allocator's peak"
-        if self._cpu_pool:
+        if self.host_pool:
             return "TensorFlow's CPU allocator's peak"
         return "the host's peak resident memory"
 
     def read(self) -> dict[str, Optional[int]]:
         """The device's row now (it resets the peaks that can be reset)."""
         row = self.sampler.sample()[self.index]
-        if self._cpu_pool:
+        if self.host_pool:
             import tensorflow as tf
 
             tf.config.experimental.reset_memory_stats("CPU:0")
@@ -95,7 +95,7 @@ class Device:
         """Bytes above `in_use` at the peak since the previous `read`; on
         the host under a pooling TensorFlow allocator, its peak above what it
         held at that read."""
-        if self._cpu_pool:
+        if self.host_pool:
             import tensorflow as tf
 
             peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
@@ -149,7 +149,7 @@ class Device:
         self._heap.close()
 
 
-def _tensorflow_cpu_pool() -> bool:
+def tensorflow_cpu_pool() -> bool:
     """Whether TensorFlow's CPU allocator keeps statistics (it pools what it
     frees; without oneDNN it is `malloc`, and keeps none)."""
     try:

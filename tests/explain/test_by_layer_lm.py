@@ -18,6 +18,7 @@ import pytest
 
 from keras_memwatch import memory_by_layer
 from keras_memwatch.explain.layers import LOSS, REST, UPDATE
+from keras_memwatch.measure.device import tensorflow_cpu_pool
 
 keras_hub = pytest.importorskip("keras_hub")
 
@@ -77,14 +78,15 @@ def test_the_loss_is_a_row_holding_at_least_the_logits(split):
 def test_the_rows_add_up_and_the_rest_is_small_where_measured(split):
     table = split[1]
     working = table.attrs["working_bytes"]
-    if BACKEND == "tensorflow":  # TensorFlow's CPU allocator: no statistics
+    if BACKEND == "tensorflow" and not tensorflow_cpu_pool():  # no statistics
         assert working is None and row(table, REST)["note"]
         return
     if BACKEND == "torch":
         pytest.skip("measured in a fresh process below (the host's memory)")
     assert table["working_bytes"].sum() == working
     assert abs(row(table, REST)["working_bytes"]) <= 0.15 * working
-    assert row(table, UPDATE)["working_bytes"] >= 0
+    if BACKEND != "tensorflow":  # TensorFlow's split has no update row
+        assert row(table, UPDATE)["working_bytes"] >= 0
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="PyTorch measures the host's memory")

@@ -16,7 +16,7 @@ def test_on_the_host_a_pooling_tensorflow_allocator_gives_each_steps_need():
     """TensorFlow's CPU allocator (oneDNN builds) keeps what it frees, so
     the resident set stays where the largest step left it; its own peak
     still follows each step, a large one after a smaller one and again."""
-    if not D._tensorflow_cpu_pool():
+    if not D.tensorflow_cpu_pool():
         pytest.skip("this TensorFlow's CPU allocator keeps no statistics")
     # activations (16 KiB a sample) far above the weights (1 MiB)
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(4096),

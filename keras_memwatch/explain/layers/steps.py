@@ -333,21 +333,21 @@ def _jax_step_rows(model: Any, plan: Any, working: int) -> list[StepRow]:
 
 def tensorflow_step(model: Any, batch: tuple[Any, Any]
                     ) -> tuple[Optional[int], str]:
-    """The step's working memory, measured on a GPU: `(bytes or None, how)`."""
+    """The step's working memory, measured by TensorFlow's allocator (on a
+    GPU, or on the host where it keeps statistics): `(bytes or None, how)`."""
     from keras_memwatch.measure.batches import fit_steps
     from keras_memwatch.measure.device import Device
 
     device = Device("tensorflow", None)
     try:
-        if not device.on_gpu:
-            return None, ("not measured: TensorFlow's CPU allocator keeps no "
-                          "statistics")
+        if not device.on_gpu and not device.host_pool:
+            return None, ("not measured: this TensorFlow's CPU allocator keeps no "
+                          "statistics (oneDNN off)")
         in_use = device.in_use()
         device.read()
         fit_steps(model, batch, 1)
-        peak = device.peak()
+        need = device.need(in_use)
     finally:
         device.close()
-    return (None if peak is None else max(peak - in_use, 0),
-            "one real step (tracing included): the allocator's peak less the "
-            "memory in use before it")
+    return need, ("one real step (tracing included): the allocator's peak less "
+                  "the memory in use before it")
