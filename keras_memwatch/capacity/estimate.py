@@ -55,8 +55,9 @@ def estimate_max_batch_size(
       compiled at each size, never run. Where a plan would not fit, XLA
       recomputes activations; `recomputes_from` says from which batch.
     - Otherwise (`"steps"`): `fit`'s own step, trained for real, and the
-      device's peak: the allocator's (PyTorch, TensorFlow on a GPU) or the
-      host's resident memory. On a GPU under an allocator cap
+      device's peak: the allocator's (PyTorch, TensorFlow on a GPU; on the
+      host, TensorFlow's where it keeps statistics) or the host's resident
+      memory. On a GPU under an allocator cap
       (`configure_memory(memory_limit_mb=...)`), sizes around the answers
       are trained until one runs and the next does not; without a cap,
       nothing above the answer is tried. On the host nothing near the

@@ -5,7 +5,8 @@ strategies: XLA's plans of the step on JAX (compiled, never run: the
 device batch and half of it, both as `fit` compiles them, side by side),
 and a few real steps for the time (at a size compiled already); real
 steps of `fit` on PyTorch and TensorFlow (the allocator's peak on a GPU,
-the host's peak resident memory on a CPU). On JAX the plan serves on the
+the host's peak resident memory on a CPU, TensorFlow's CPU allocator's
+where it keeps statistics). On JAX the plan serves on the
 host too: the host's resident memory keeps what an earlier variant
 freed, so variants measured one after another by it do not compare
 (`docs/ways-to-fit.md`). The sizes asked about are the device batch and

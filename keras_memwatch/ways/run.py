@@ -57,7 +57,8 @@ def ways_to_fit(
     training step needs at the wanted batch the way
     `estimate_max_batch_size` measures it (XLA's plan on JAX with a GPU,
     real steps of `fit` elsewhere: the allocator's peak on a GPU, the
-    host's resident memory on a CPU), and reads the largest batch under the
+    host's resident memory on a CPU, TensorFlow's CPU allocator's peak where
+    it keeps statistics), and reads the largest batch under the
     headroom from that record by the estimate's rule. The levers:
 
     - `mixed_precision`: the model rebuilt from its config with the
