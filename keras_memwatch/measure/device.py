@@ -65,7 +65,8 @@ class Device:
         self._heap = contextlib.ExitStack()
         #: Whether TensorFlow's CPU allocator keeps statistics: it pools
         #: what it frees (oneDNN builds), so the resident set does not
-        #: follow the steps, and its own peak is read instead.
+        #: follow the steps, and its own peak is read instead (arrays under
+        #: 256 KiB, from its small-size pool, are not counted).
         self.host_pool = (not self.on_gpu and backend == "tensorflow"
                           and tensorflow_cpu_pool())
         self._pool_base = 0
