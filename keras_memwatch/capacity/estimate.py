@@ -83,9 +83,9 @@ def estimate_max_batch_size(
             jobs in new Python processes (the model saved to a temporary
             `.keras` file) rather than in this one, where a process that
             has trained can fit a few percent more than a job started
-            afresh. Slower: a process start per size (up to four side by
-            side, where the device has room for their caps). Defaults to
-            `False`.
+            afresh. A size fits where two jobs of it trained. Slower: a
+            process start per job (up to four side by side, where the
+            device has room for their caps). Defaults to `False`.
         progress: receives a line per size measured, whatever `verbose`
             says. Defaults to `None`: the `keras_memwatch` logger at INFO.
         max_seconds: stop asking after this many seconds: no round starts

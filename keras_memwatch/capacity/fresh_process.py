@@ -11,8 +11,9 @@ Keras's tree functions no longer hold each step's arrays in reference
 cycles in this process (`break_tree_cycles`), the child breaks them too.
 Where the device has room for several under the cap, a round's checks
 train side by side (`JOBS_SIDE_BY_SIDE`): each process's cap is its own.
-Another child module (`ways_to_fit`'s rows) takes the same arguments and
-more (`Child`).
+A size that trained trains again in a new job, and counts as fitting only
+where each of its `JOBS_TO_FIT` jobs trained. Another child module
+(`ways_to_fit`'s rows) takes the same arguments and more (`Child`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ TIMEOUT_S = 600  # one child: start, load, train
 JOB_STEPS = 10
 JOB_EPOCHS = 2
 EXIT_OOM = 3  # the child's exit status when its steps ran out of memory
+#: A size counts as fitting once this many jobs of it trained, one after
+#: the other: near the limit, the same size trains in one new process and
+#: runs out of memory in another (when Python's collector frees what).
+JOBS_TO_FIT = 2
 #: The most jobs a round trains side by side, and what each needs on the
 #: device beside its cap (PyTorch's CUDA context).
 JOBS_SIDE_BY_SIDE = 4
@@ -149,9 +154,34 @@ class Jobs:
         return self.steps.ladder(sizes)
 
     def check(self, sizes: Sequence[int]) -> list[Observation]:
-        """Each size a job, the round's side by side (their output to files,
-        so that none waits on a pipe the others fill)."""
+        """Each size a job, the round's side by side; each size that trained
+        trains again in new jobs until `JOBS_TO_FIT` did, and counts as
+        fitting only where every one of them trained."""
         began = time.perf_counter()
+        runs: dict[int, list[tuple[bool, Optional[int]]]] = {b: [] for b in sizes}
+        again = list(sizes)
+        while again:
+            for b, run in zip(again, self._train(again, began)):
+                runs[b].append(run)
+            again = [b for b in sizes
+                     if all(ran for ran, _ in runs[b]) and len(runs[b]) < JOBS_TO_FIT]
+        seconds = round(time.perf_counter() - began, 3)
+        made = []
+        for b in sizes:
+            ran = all(r for r, _ in runs[b])
+            peaks = [need for _, need in runs[b] if need is not None]
+            self.steps.progress(f"estimate_max_batch_size: batch {b}, "
+                                f"{_jobs_words(len(runs[b]))} ({seconds:.1f} s): "
+                                + _outcomes(runs[b]))
+            made.append(Observation(b, max(peaks) if ran and peaks else None, JOB,
+                                    ran=ran, seconds=seconds))
+        return made
+
+    def _train(self, sizes: Sequence[int], began: float
+               ) -> list[tuple[bool, Optional[int]]]:
+        """A job of each size, side by side (their output to files, so that
+        none waits on a pipe the others fill): whether each trained, and
+        its need above `base`."""
         model_module = type(self.steps.model).__module__.split(".")[0]
         env = _child_env(self.steps.device.gpu_index)
         started = []
@@ -173,7 +203,7 @@ class Jobs:
                 err.close()
 
     def _ended(self, size: int, out: Any, err: Any, process: Any,
-               began: float) -> Observation:
+               began: float) -> tuple[bool, Optional[int]]:
         try:
             process.wait(timeout=max(1.0, TIMEOUT_S - (time.perf_counter() - began)))
         except subprocess.TimeoutExpired:
@@ -185,19 +215,26 @@ class Jobs:
             tail = (err.read().strip().splitlines() or ["no output"])[-1]
             raise FreshProcessError(
                 f"batch {size}: the process exited {process.returncode} ({tail[:300]})")
-        ran = process.returncode == 0
         peak = report.get("allocated")
-        need = None if peak is None else max(int(peak) - self.base, 0)
-        seconds = time.perf_counter() - began
-        self.steps.progress(f"estimate_max_batch_size: batch {size}, a job in a new "
-                            f"process ({seconds:.1f} s): "
-                            + ("ran" if ran else "out of memory"))
-        return Observation(size, need, JOB, ran=ran, seconds=round(seconds, 3))
+        return (process.returncode == 0,
+                None if peak is None else max(int(peak) - self.base, 0))
 
     def close(self) -> None:
         """Deletes the saved model and batch, where they are the jobs' own."""
         if self.own:
             shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _jobs_words(n: int) -> str:
+    return "a job in a new process" if n == 1 else f"{n} jobs in new processes"
+
+
+def _outcomes(runs: Sequence[tuple[bool, Optional[int]]]) -> str:
+    """`"ran"`, `"out of memory"`, or each job's outcome in order."""
+    words = ["ran" if ran else "out of memory" for ran, _ in runs]
+    if len(words) == 1:
+        return words[0]
+    return "ran in each" if all(r for r, _ in runs) else ", then ".join(words)
 
 
 def _cycles_broken(backend: str) -> bool:

@@ -115,9 +115,9 @@ def ways_to_fit(
             processes (the model built again from its config, under the
             cap), as you would run it, rather than in this process, which
             holds your model beside each change and can fit a size more or
-            less than a job started afresh. Slower: a process start per
-            size checked (up to four side by side, where the device has
-            room). Elsewhere a warning says the checks train in this
+            less than a job started afresh. A size fits where two jobs of
+            it trained. Slower: a process start per job (up to four side
+            by side, where the device has room). Elsewhere a warning says the checks train in this
             process. Defaults to `False`.
 
     Returns:

@@ -60,6 +60,12 @@ if args.size > 100:
     sys.exit(fresh_process.EXIT_OOM)
 if args.size == 99:
     sys.exit("a child that cannot load its model")
+jobs_before = len([f for f in os.listdir(args.directory)
+                   if f.startswith(f"job-{args.size}-")])
+open(f"{args.directory}/job-{args.size}-{jobs_before}", "w").close()
+if args.size == 50 and jobs_before:  # near the limit: trains once in two
+    print(json.dumps({"error": "OutOfMemoryError"}))
+    sys.exit(fresh_process.EXIT_OOM)
 print(json.dumps({"allocated": 1000 * args.size}))
 """
 
@@ -101,8 +107,26 @@ def test_a_rounds_jobs_train_side_by_side_and_report_each_size(tmp_path, monkeyp
     assert (big.ran, big.need_bytes) == (False, None)
     assert small.need_bytes == 4000 - 200
     assert len(steps.lines) == 3 and "out of memory" in steps.lines[1]
+    assert "batch 8, 2 jobs in new processes" in steps.lines[0]
+    assert steps.lines[0].endswith("ran in each")
     jobs.close()  # not its own directory: kept
     assert (tmp_path / "fake_child.py").exists()
+
+
+def test_a_size_fits_only_where_each_of_its_jobs_trained(tmp_path, monkeypatch):
+    """Near the limit a size trains in one new process and not in the
+    next: a size that trained trains again before it counts."""
+    from keras_memwatch.capacity import fresh_process
+
+    jobs, steps = _jobs(tmp_path, monkeypatch, [50, 8, 200])
+    flaky, steady, big = jobs.check([50, 8, 200])
+    assert (flaky.ran, flaky.need_bytes) == (False, None)
+    assert (steady.ran, big.ran) == (True, False)
+    jobs_of = {b: len(list(tmp_path.glob(f"job-{b}-*"))) for b in (50, 8)}
+    assert jobs_of == {50: fresh_process.JOBS_TO_FIT, 8: fresh_process.JOBS_TO_FIT}
+    assert "batch 50, 2 jobs in new processes" in steps.lines[0]
+    assert steps.lines[0].endswith("ran, then out of memory")
+    assert "batch 200, a job in a new process" in steps.lines[2]
 
 
 def test_the_child_gets_the_cap_and_the_arguments_of_its_kind(tmp_path, monkeypatch):
