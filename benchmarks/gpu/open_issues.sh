@@ -20,7 +20,8 @@
 # ways_resconv_torch; then phases, bert_speed, bert_jobs, ways_resconv_jax,
 # resconv_jax_edge, resconv_in_flight; on 2026-12-06: jax_row_jobs quiet_oom,
 # then ways_check with sgd_momentum, then remat; later ways_phi3_torch,
-# phi3_edge; docs/gpu-validation.md)
+# phi3_edge; on 2026-12-07, with BREAK_CYCLES=1 FRESH=1: ways_phi3_torch,
+# ways_resconv_torch; docs/gpu-validation.md)
 # `together` runs the named jobs side by side, then compares the two
 # by-layer runs where both ran.
 set -uo pipefail
