@@ -43,7 +43,7 @@ JOB_EPOCHS = 2
 EXIT_OOM = 3  # the child's exit status when its steps ran out of memory
 #: A size counts as fitting once this many jobs of it trained, one after
 #: the other: near the limit, the same size trains in one new process and
-#: runs out of memory in another (when Python's collector frees what).
+#: runs out of memory in the next.
 JOBS_TO_FIT = 2
 #: The most jobs a round trains side by side, and what each needs on the
 #: device beside its cap (PyTorch's CUDA context).
@@ -161,7 +161,7 @@ class Jobs:
         runs: dict[int, list[tuple[bool, Optional[int]]]] = {b: [] for b in sizes}
         again = list(sizes)
         while again:
-            for b, run in zip(again, self._train(again, began)):
+            for b, run in zip(again, self._train(again)):
                 runs[b].append(run)
             again = [b for b in sizes
                      if all(ran for ran, _ in runs[b]) and len(runs[b]) < JOBS_TO_FIT]
@@ -177,11 +177,11 @@ class Jobs:
                                     ran=ran, seconds=seconds))
         return made
 
-    def _train(self, sizes: Sequence[int], began: float
-               ) -> list[tuple[bool, Optional[int]]]:
+    def _train(self, sizes: Sequence[int]) -> list[tuple[bool, Optional[int]]]:
         """A job of each size, side by side (their output to files, so that
         none waits on a pipe the others fill): whether each trained, and
         its need above `base`."""
+        began = time.perf_counter()
         model_module = type(self.steps.model).__module__.split(".")[0]
         env = _child_env(self.steps.device.gpu_index)
         started = []

@@ -117,8 +117,8 @@ def ways_to_fit(
             holds your model beside each change and can fit a size more or
             less than a job started afresh. A size fits where two jobs of
             it trained. Slower: a process start per job (up to four side
-            by side, where the device has room). Elsewhere a warning says the checks train in this
-            process. Defaults to `False`.
+            by side, where the device has room). Elsewhere a warning says
+            the checks train in this process. Defaults to `False`.
 
     Returns:
         A `pandas.DataFrame`, one row per lever: `lever`, `change` (the code
