@@ -15,8 +15,8 @@ import re
 from collections.abc import Iterator
 from typing import Optional
 
-__all__ = ["allocation_lines", "error_text", "first_line", "is_oom_error",
-           "requested_bytes"]
+__all__ = ["allocation_lines", "device_ran_out", "error_text", "first_line",
+           "is_oom_error", "requested_bytes"]
 
 #: Exception classes (by name, anywhere in the class's MRO) that always
 #: mean out of memory.
@@ -132,6 +132,11 @@ def allocation_lines(error: BaseException) -> list[str]:
     return out
 
 
+def _bytes(number: str, unit: str) -> Optional[int]:
+    scale = _UNITS.get(unit.upper())
+    return None if scale is None else int(round(float(number) * scale))
+
+
 def requested_bytes(error: BaseException) -> Optional[int]:
     """The size of the allocation that failed, where the message gives it.
 
@@ -156,12 +161,53 @@ def requested_bytes(error: BaseException) -> Optional[int]:
             match = re.search(r"allocating\s+([\d.]+)\s*(bytes|[KMGT]?i?B)\b", text,
                               re.IGNORECASE)
         if match is not None:
-            unit = _UNITS.get(match.group(2).upper())
-            if unit is not None:
-                return int(round(float(match.group(1)) * unit))
+            size = _bytes(match.group(1), match.group(2))
+            if size is not None:
+                return size
         match = re.search(r"when allocating tensor with shape\s*\[([\d,\s]*)\]\s*"
                           r"and type\s+(\w+)", text, re.IGNORECASE)
         if match is not None and match.group(2).lower() in _TF_DTYPE_BYTES:
             dims = [int(d) for d in match.group(1).replace(" ", "").split(",") if d]
             return math.prod(dims) * _TF_DTYPE_BYTES[match.group(2).lower()]
     return None
+
+
+def device_ran_out(error: BaseException) -> bool:
+    """Whether the device had less free than the allocation that failed.
+
+    PyTorch's message says what it tried to allocate and what the device had
+    free ("Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19
+    GiB of which 1.06 GiB is free", or before PyTorch 2.1 "(GPU 0; ... 47.06
+    MiB free; ...)"). In a process under a cap
+    (`set_per_process_memory_fraction`) that the device has room for, this
+    means other processes held the device: the failure says nothing of what
+    fits under the cap. (Without a cap, a process that filled the device
+    itself reads `True` too.)
+
+    Args:
+        error: the out-of-memory exception.
+
+    Returns:
+        `True` where a message along the chain of causes gives both sizes
+        and the free one is the smaller; `False` otherwise.
+
+    Example:
+
+    >>> device_ran_out(MemoryError("Tried to allocate 2.00 GiB. GPU 0 has a "
+    ...     "total capacity of 79.19 GiB of which 1.06 GiB is free."))
+    True
+    """
+    requested = requested_bytes(error)
+    if requested is None:
+        return False
+    for e in _chain(error):
+        match = re.search(r"of which\s+([\d.]+)\s*([KMGT]?i?B|bytes) is free|"
+                          r";\s*([\d.]+)\s*([KMGT]?i?B|bytes) free;",
+                          error_text(e), re.IGNORECASE)
+        if match is not None:
+            number, unit = (match.group(1), match.group(2)) if match.group(1) else (
+                match.group(3), match.group(4))
+            free = _bytes(number, unit)
+            if free is not None:
+                return free < requested
+    return False

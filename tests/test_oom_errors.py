@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import TF_MESSAGE, TORCH_MESSAGE, XLA_MESSAGE, framework_oom
-from keras_memwatch.oom_errors import allocation_lines, is_oom_error, requested_bytes
+from keras_memwatch.oom_errors import (allocation_lines, device_ran_out, is_oom_error,
+                                       requested_bytes)
 
 
 def test_the_active_frameworks_oom_class_is_recognised():
@@ -59,6 +60,20 @@ def test_what_each_framework_says_it_tried_to_allocate():
         "\x1b[1mDefaultCPUAllocator: can't allocate memory: you tried to allocate "
         "819200000 bytes.\x1b[0m")) == 819200000
     assert requested_bytes(MemoryError("no sizes here")) is None
+
+
+def test_a_device_that_ran_out_is_told_from_a_cap_that_was_reached():
+    """PyTorch says what the device had free: less than it tried to
+    allocate means other processes held the device."""
+    assert device_ran_out(MemoryError(TORCH_MESSAGE))  # 1.06 GiB free of 2.00
+    capped = TORCH_MESSAGE.replace("of which 1.06 GiB", "of which 61.06 GiB")
+    assert not device_ran_out(MemoryError(capped))
+    before_2_1 = ("CUDA out of memory. Tried to allocate 36.00 MiB (GPU 0; 7.93 GiB "
+                  "total capacity; 130.35 MiB already allocated; 20.06 MiB free; "
+                  "188.00 MiB reserved in total by PyTorch)")
+    assert device_ran_out(MemoryError(before_2_1))
+    assert not device_ran_out(MemoryError(XLA_MESSAGE))  # no free size given
+    assert not device_ran_out(MemoryError("of which 1.00 GiB is free"))  # nor tried
 
 
 def test_first_line_is_the_message_s_first_line_cut_to_a_line():

@@ -12,8 +12,11 @@ cycles in this process (`break_tree_cycles`), the child breaks them too.
 Where the device has room for several under the cap, a round's checks
 train side by side (`JOBS_SIDE_BY_SIDE`): each process's cap is its own.
 A size that trained trains again in a new job, and counts as fitting only
-where each of its `JOBS_TO_FIT` jobs trained. Another child module
-(`ways_to_fit`'s rows) takes the same arguments and more (`Child`).
+where each of its `JOBS_TO_FIT` jobs trained. A job that ran out of memory
+because the device did (other processes held it), not its cap, counts for
+nothing: it is started again, and the jobs after it train one at a time.
+Another child module (`ways_to_fit`'s rows) takes the same arguments and
+more (`Child`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from keras_memwatch.measure.batches import Batches, repeated, wait_for_steps
 from keras_memwatch.capacity.evidence import JOB, Observation
@@ -45,6 +48,9 @@ EXIT_OOM = 3  # the child's exit status when its steps ran out of memory
 #: the other: near the limit, the same size trains in one new process and
 #: runs out of memory in the next.
 JOBS_TO_FIT = 2
+#: How often a size's job is started again where the device ran out of
+#: memory before the job's cap (`oom_errors.device_ran_out`).
+DEVICE_FULL_RETRIES = 2
 #: The most jobs a round trains side by side, and what each needs on the
 #: device beside its cap (PyTorch's CUDA context).
 JOBS_SIDE_BY_SIDE = 4
@@ -53,7 +59,16 @@ BREAK_FLAG = "--break-tree-cycles"
 
 
 class FreshProcessError(RuntimeError):
-    """A child could not train for a reason other than memory."""
+    """A child could not train for a reason other than memory under its cap."""
+
+
+class Run(NamedTuple):
+    """One job: whether it trained, its need above the base (where it
+    reported a peak), and whether the device ran out before its cap."""
+
+    ran: bool
+    need: Optional[int] = None
+    device_full: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +117,9 @@ class Jobs:
                           else steps.limit)
         self.base = child.base_bytes if child.base_bytes is not None else steps.in_use
         self.break_cycles = _cycles_broken(steps.device.backend)
+        #: Set once a job found the device full: side by side, the jobs
+        #: met other processes' memory.
+        self.one_at_a_time = False
 
     @property
     def words(self) -> str:
@@ -156,20 +174,26 @@ class Jobs:
     def check(self, sizes: Sequence[int]) -> list[Observation]:
         """Each size a job, the round's side by side; each size that trained
         trains again in new jobs until `JOBS_TO_FIT` did, and counts as
-        fitting only where every one of them trained."""
+        fitting only where every one of them trained. A job that found the
+        device full is started again, and from then on jobs train one at a
+        time."""
         began = time.perf_counter()
-        runs: dict[int, list[tuple[bool, Optional[int]]]] = {b: [] for b in sizes}
+        runs: dict[int, list[Run]] = {b: [] for b in sizes}
         again = list(sizes)
         while again:
-            for b, run in zip(again, self._train(again)):
+            ended = ([self._train([b])[0] for b in again] if self.one_at_a_time
+                     else self._train(again))
+            for b, run in zip(again, ended):
                 runs[b].append(run)
-            again = [b for b in sizes
-                     if all(ran for ran, _ in runs[b]) and len(runs[b]) < JOBS_TO_FIT]
+                if run.device_full:
+                    self._device_full(b, runs[b])
+            again = [b for b in sizes if _another_job(runs[b])]
         seconds = round(time.perf_counter() - began, 3)
         made = []
         for b in sizes:
-            ran = all(r for r, _ in runs[b])
-            peaks = [need for _, need in runs[b] if need is not None]
+            counted = [r for r in runs[b] if not r.device_full]
+            ran = all(r.ran for r in counted)
+            peaks = [r.need for r in counted if r.need is not None]
             self.steps.progress(f"estimate_max_batch_size: batch {b}, "
                                 f"{_jobs_words(len(runs[b]))} ({seconds:.1f} s): "
                                 + _outcomes(runs[b]))
@@ -177,10 +201,24 @@ class Jobs:
                                     ran=ran, seconds=seconds))
         return made
 
-    def _train(self, sizes: Sequence[int]) -> list[tuple[bool, Optional[int]]]:
+    def _device_full(self, size: int, runs: list[Run]) -> None:
+        """After a job of `size` found the device full: jobs one at a time,
+        a warning the first time; an error once its retries are spent."""
+        full = sum(r.device_full for r in runs)
+        if full > DEVICE_FULL_RETRIES:
+            raise FreshProcessError(
+                f"batch {size}: {self.steps.device.name} ran out of memory before "
+                f"the job's cap, in {full} jobs: other processes hold it")
+        if not self.one_at_a_time:
+            logger.warning(
+                "estimate_max_batch_size: a job ran out of memory on %s before "
+                "its cap (other processes hold the device); it trains again, and "
+                "the jobs train one at a time", self.steps.device.name)
+            self.one_at_a_time = True
+
+    def _train(self, sizes: Sequence[int]) -> list[Run]:
         """A job of each size, side by side (their output to files, so that
-        none waits on a pipe the others fill): whether each trained, and
-        its need above `base`."""
+        none waits on a pipe the others fill): each one's `Run`."""
         began = time.perf_counter()
         model_module = type(self.steps.model).__module__.split(".")[0]
         env = _child_env(self.steps.device.gpu_index)
@@ -203,7 +241,7 @@ class Jobs:
                 err.close()
 
     def _ended(self, size: int, out: Any, err: Any, process: Any,
-               began: float) -> tuple[bool, Optional[int]]:
+               began: float) -> Run:
         try:
             process.wait(timeout=max(1.0, TIMEOUT_S - (time.perf_counter() - began)))
         except subprocess.TimeoutExpired:
@@ -216,8 +254,9 @@ class Jobs:
             raise FreshProcessError(
                 f"batch {size}: the process exited {process.returncode} ({tail[:300]})")
         peak = report.get("allocated")
-        return (process.returncode == 0,
-                None if peak is None else max(int(peak) - self.base, 0))
+        return Run(process.returncode == 0,
+                   None if peak is None else max(int(peak) - self.base, 0),
+                   bool(report.get("device_full")))
 
     def close(self) -> None:
         """Deletes the saved model and batch, where they are the jobs' own."""
@@ -229,12 +268,22 @@ def _jobs_words(n: int) -> str:
     return "a job in a new process" if n == 1 else f"{n} jobs in new processes"
 
 
-def _outcomes(runs: Sequence[tuple[bool, Optional[int]]]) -> str:
+def _outcomes(runs: Sequence[Run]) -> str:
     """`"ran"`, `"out of memory"`, or each job's outcome in order."""
-    words = ["ran" if ran else "out of memory" for ran, _ in runs]
+    words = ["the device was full" if r.device_full else "ran" if r.ran
+             else "out of memory" for r in runs]
     if len(words) == 1:
         return words[0]
-    return "ran in each" if all(r for r, _ in runs) else ", then ".join(words)
+    return "ran in each" if all(w == "ran" for w in words) else ", then ".join(words)
+
+
+def _another_job(runs: Sequence[Run]) -> bool:
+    """Whether a size needs another job: its last found the device full,
+    or each job so far trained and fewer than `JOBS_TO_FIT` did."""
+    if runs[-1].device_full:
+        return True
+    counted = [r for r in runs if not r.device_full]
+    return all(r.ran for r in counted) and len(counted) < JOBS_TO_FIT
 
 
 def _cycles_broken(backend: str) -> bool:
@@ -255,7 +304,8 @@ def _child_env(index: Optional[int]) -> dict[str, str]:
     if index:
         visible = env.get("CUDA_VISIBLE_DEVICES")
         ids = [d.strip() for d in visible.split(",")] if visible else None
-        env["CUDA_VISIBLE_DEVICES"] = ids[index] if ids and index < len(ids) else str(index)
+        env["CUDA_VISIBLE_DEVICES"] = (ids[index] if ids and index < len(ids)
+                                       else str(index))
     return env
 
 
@@ -353,10 +403,12 @@ def start_job(limit_bytes: int, model_module: str = "",
 
 def train_job(model: Any, x: Any, y: Any, size: int) -> tuple[int, dict]:
     """`fit` of `JOB_EPOCHS` epochs of `JOB_STEPS` steps of `size` samples.
-    Returns `(exit status, report)`: the allocator's peak on a GPU."""
+    Returns `(exit status, report)`: the allocator's peak on a GPU, or on
+    running out of memory the error's class and whether the device ran
+    out before the cap (`device_full`)."""
     import keras
 
-    from keras_memwatch.oom_errors import is_oom_error
+    from keras_memwatch.oom_errors import device_ran_out, is_oom_error
 
     cuda: Any = None  # torch.cuda, where PyTorch trains on a GPU
     if keras.backend.backend() == "torch":
@@ -372,7 +424,7 @@ def train_job(model: Any, x: Any, y: Any, size: int) -> tuple[int, dict]:
     except Exception as e:
         if not is_oom_error(e):
             raise
-        return EXIT_OOM, {"error": type(e).__name__}
+        return EXIT_OOM, {"error": type(e).__name__, "device_full": device_ran_out(e)}
     if cuda is None:
         return 0, {}
     cuda.synchronize()

@@ -36,7 +36,7 @@ def test_a_job_whose_steps_run_out_of_memory_exits_as_out_of_memory(tmp_path):
 # -- the parent: jobs side by side -------------------------------------------
 
 FAKE_CHILD = """
-import argparse, json, os, sys, time
+import argparse, atexit, json, os, sys, time
 from keras_memwatch.capacity import fresh_process
 
 parser = argparse.ArgumentParser()
@@ -63,6 +63,16 @@ if args.size == 99:
 jobs_before = len([f for f in os.listdir(args.directory)
                    if f.startswith(f"job-{args.size}-")])
 open(f"{args.directory}/job-{args.size}-{jobs_before}", "w").close()
+running = [f for f in os.listdir(args.directory) if f.startswith("running-")]
+with open(f"{args.directory}/beside-{args.size}-{jobs_before}", "w") as f:
+    f.write(str(len(running)))  # jobs training beside this one
+mine = f"{args.directory}/running-{os.getpid()}"
+open(mine, "w").close()
+atexit.register(os.remove, mine)
+time.sleep(0.2)
+if args.size == 61 or (args.size == 60 and not jobs_before):  # others hold the GPU
+    print(json.dumps({"error": "OutOfMemoryError", "device_full": True}))
+    sys.exit(fresh_process.EXIT_OOM)
 if args.size == 50 and jobs_before:  # near the limit: trains once in two
     print(json.dumps({"error": "OutOfMemoryError"}))
     sys.exit(fresh_process.EXIT_OOM)
@@ -127,6 +137,52 @@ def test_a_size_fits_only_where_each_of_its_jobs_trained(tmp_path, monkeypatch):
     assert "batch 50, 2 jobs in new processes" in steps.lines[0]
     assert steps.lines[0].endswith("ran, then out of memory")
     assert "batch 200, a job in a new process" in steps.lines[2]
+
+
+def test_a_job_that_found_the_device_full_counts_for_nothing(tmp_path, monkeypatch,
+                                                             caplog):
+    """Another process held the device, so the job ran out of memory before
+    its cap: it trains again, and the jobs after it train one at a time."""
+    from keras_memwatch.capacity import fresh_process
+
+    jobs, steps = _jobs(tmp_path, monkeypatch, [60, 8])
+    with caplog.at_level("WARNING", logger="keras_memwatch"):
+        full_once, steady = jobs.check([60, 8])
+    assert full_once.ran and steady.ran
+    assert len(list(tmp_path.glob("job-60-*"))) == 1 + fresh_process.JOBS_TO_FIT
+    assert "batch 60, 3 jobs in new processes" in steps.lines[0]
+    assert steps.lines[0].endswith(": the device was full, then ran, then ran")
+    later = [(tmp_path / f"beside-{b}-{n}").read_text()
+             for b, n in ((60, 1), (60, 2), (8, 1))]
+    assert later == ["0", "0", "0"]
+    assert "other processes hold the device" in caplog.text
+
+
+def test_a_device_that_stays_full_is_an_error_naming_it(tmp_path, monkeypatch):
+    from keras_memwatch.capacity.fresh_process import (DEVICE_FULL_RETRIES,
+                                                       FreshProcessError)
+
+    jobs, _ = _jobs(tmp_path, monkeypatch, [61])
+    with pytest.raises(FreshProcessError, match=(
+            f"the host ran out of memory before the job's cap, in "
+            f"{DEVICE_FULL_RETRIES + 1} jobs: other processes hold it")):
+        jobs.check([61])
+
+
+def test_a_job_says_when_the_device_ran_out_before_its_cap(monkeypatch):
+    import numpy as np
+
+    from conftest import TORCH_MESSAGE
+    from keras_memwatch.capacity import fresh_process
+
+    def full(*args, **kwargs):
+        raise MemoryError(TORCH_MESSAGE)  # 1.06 GiB free, 2.00 GiB asked
+
+    monkeypatch.setattr(keras.Model, "fit", full)
+    x, y = np.zeros((2, 3), "float32"), np.zeros((2, 1), "float32")
+    status, report = fresh_process.train_job(None, x, y, 4)
+    assert status == fresh_process.EXIT_OOM
+    assert report == {"error": "MemoryError", "device_full": True}
 
 
 def test_the_child_gets_the_cap_and_the_arguments_of_its_kind(tmp_path, monkeypatch):
