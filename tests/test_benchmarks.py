@@ -196,6 +196,8 @@ def test_ways_check_calls_an_answer_that_trains_in_some_processes_at_the_edge():
     assert _verdict([oom], [oom]) == "ABOVE the limit"
     assert _verdict([ran], [ran]) == "more than 3% low"
     assert _verdict([ran], [lost]) == "no result"
+    full = {"ran": False, "device_full": True}  # other processes held the card
+    assert _verdict([ran], [full]).startswith("no result (a job found the device full")
     assert _verdict([ran, oom, ran], [oom] * 3) == (
         "at the edge (the answer ran 2 of 3 times)")
     assert _verdict([ran] * 3, [oom, ran, oom]).startswith("right, at the edge")

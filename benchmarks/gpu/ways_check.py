@@ -106,7 +106,7 @@ def trial(model_name: str, setting: dict[str, Any], size: int,
     from keras_memwatch import CollectCycles, break_tree_cycles
     from keras_memwatch.measure.batches import Batches, fit_steps, wait_for_steps
     from keras_memwatch.measure.device import Device
-    from keras_memwatch.oom_errors import first_line, is_oom_error
+    from keras_memwatch.oom_errors import device_ran_out, first_line, is_oom_error
     from keras_memwatch.ways.variant import Setting, realized
 
     class Clock(keras.callbacks.Callback):
@@ -142,7 +142,7 @@ def trial(model_name: str, setting: dict[str, Any], size: int,
         if not is_oom_error(e):
             raise
         print(f"out of memory: {first_line(e)}", file=sys.stderr)
-        return {"ran": False}
+        return {"ran": False, "device_full": device_ran_out(e)}
     return {"ran": True, "seconds_per_sample": per_sample, "peak_bytes": device.peak()}
 
 
@@ -214,6 +214,8 @@ def _verdict(at: list[dict[str, Any]], above: list[dict[str, Any]]) -> str:
     """Right: every job at the answer ran and none above it did."""
     if any(r["ran"] is None for r in at + above):
         return "no result"
+    if any(r.get("device_full") for r in at + above):
+        return "no result (a job found the device full: other processes held it)"
     ran_at = sum(r["ran"] for r in at)
     ran_above = sum(r["ran"] for r in above)
     if ran_at == 0:
