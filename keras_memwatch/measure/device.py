@@ -16,9 +16,11 @@ from keras_memwatch.measure.host_heap import heap_follows_arrays, trim_host_heap
 from keras_memwatch.measure.host_memory import host_available_bytes
 from keras_memwatch.configure.devices import device_label
 from keras_memwatch.judge.derived import device_limit
+from keras_memwatch.record.probes.tensorflow import allocator_stats
 from keras_memwatch.units import format_bytes
 
 HOST = C.HOST_DEVICE
+TF_HOST = "CPU:0"  # TensorFlow's name of the host's allocator
 
 
 class Device:
@@ -88,8 +90,7 @@ class Device:
         if self.host_pool:
             import tensorflow as tf
 
-            tf.config.experimental.reset_memory_stats("CPU:0")
-            self._pool_base = tf.config.experimental.get_memory_info("CPU:0")["current"]
+            self._pool_base = allocator_stats(tf, TF_HOST)[0] or 0
         return row
 
     def need(self, in_use: int) -> Optional[int]:
@@ -99,7 +100,7 @@ class Device:
         if self.host_pool:
             import tensorflow as tf
 
-            peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
+            peak = allocator_stats(tf, TF_HOST, reset=False)[1] or 0
             return max(peak - self._pool_base, 0)
         peak = self.peak()
         return None if peak is None else max(peak - in_use, 0)
@@ -156,7 +157,7 @@ def tensorflow_cpu_pool() -> bool:
     try:
         import tensorflow as tf
 
-        tf.config.experimental.get_memory_info("CPU:0")
+        allocator_stats(tf, TF_HOST, reset=False)
     except Exception:  # noqa: BLE001 - "Allocator stats not available"
         return False
     return True

@@ -25,7 +25,7 @@ TensorFlow backend.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from keras_memwatch import columns
 from keras_memwatch.record.probes.base import Probe, ProbeUnavailable, Reading
@@ -53,8 +53,7 @@ class TensorFlowProbe(Probe):
     def __init__(self) -> None:
         self._devices: tuple[str, ...] = ()
         self._limits: tuple[Optional[int], ...] = ()
-        self._get_info: Optional[Callable[[str], Any]] = None
-        self._reset: Optional[Callable[[str], Any]] = None
+        self._tf: Any = None
         self._note = ""
 
     def start(self) -> tuple[str, ...]:
@@ -79,46 +78,40 @@ class TensorFlowProbe(Probe):
             )
         devices = tuple(_short_name(d.name) for d in logical)
 
-        get_info = tf.config.experimental.get_memory_info
-        reset = tf.config.experimental.reset_memory_stats
         try:
             for device in devices:
-                get_info(device)
+                allocator_stats(tf, device, reset=False)
         except Exception as e:  # ValueError: "Allocator stats not available"
             raise ProbeUnavailable(
                 f"TensorFlow does not track allocator statistics on {device}: {e}"
             ) from None
         try:
             for device in devices:
-                reset(device)
+                tf.config.experimental.reset_memory_stats(device)
         except Exception as e:
-            reset = None
+            self.peak_per_sample = False
             self._note = (
                 f"the peak cannot be reset here ({e}), so it is the high-water "
                 "mark since the process started"
             )
         else:
+            self.peak_per_sample = True
             self._note = ""
-        self.peak_per_sample = reset is not None
 
         self._devices = devices
         self._limits = _configured_limits(tf, len(devices))
-        self._get_info = get_info
-        self._reset = reset
+        self._tf = tf
         return devices
 
     def read(self) -> Sequence[Reading]:
-        get_info, reset = self._get_info, self._reset
-        out = []
+        tf, reset = self._tf, self.peak_per_sample
+        out: list[Reading] = []
         for device, limit in zip(self._devices, self._limits):
             try:
-                info = get_info(device)  # type: ignore[misc]
-                if reset is not None:
-                    reset(device)
+                current, peak = allocator_stats(tf, device, reset)
             except Exception:
                 out.append((None, None, limit))
                 continue
-            current, peak = info.get("current"), info.get("peak")
             if not current and not peak:
                 # An allocator without statistics; after a reset the peak is
                 # the current value, so a live GPU allocator is never 0/0.
@@ -127,7 +120,7 @@ class TensorFlowProbe(Probe):
         return tuple(out)
 
     def close(self) -> None:
-        self._get_info = self._reset = None
+        self._tf = None
         self._devices = self._limits = ()
 
     def describe(self) -> str:
@@ -139,6 +132,22 @@ class TensorFlowProbe(Probe):
             "memory_limit is set (TensorFlow does not expose the allocator's "
             "own limit)."
         )
+
+
+def allocator_stats(tf: Any, device: str, reset: bool = True
+                    ) -> tuple[Optional[int], Optional[int]]:
+    """`(bytes in use, peak)` of TensorFlow's allocator on `device`
+    (`"GPU:0"`, `"CPU:0"`); with `reset`, the peak is then set back to the
+    bytes in use, so that the next read's peak is the peak since this one.
+
+    Raises:
+        ValueError: where the allocator keeps no statistics (TensorFlow's
+            "Allocator stats not available").
+    """
+    info = tf.config.experimental.get_memory_info(device)
+    if reset:
+        tf.config.experimental.reset_memory_stats(device)
+    return info.get("current"), info.get("peak")
 
 
 def _short_name(name: str) -> str:
