@@ -45,7 +45,7 @@ from keras_memwatch.measure.device import Device
 from keras_memwatch.measure.host_heap import trim_host_heap
 from keras_memwatch.capacity.evidence import STEP, Observation
 from keras_memwatch.configure.tree_cycles import tree_holds_cycles
-from keras_memwatch.oom_errors import is_oom_error
+from keras_memwatch.oom_errors import device_ran_out, is_oom_error
 from keras_memwatch.record.batch_shapes import input_specs
 from keras_memwatch.units import format_bytes
 
@@ -133,6 +133,7 @@ class Steps:
         self.above_limit = capped
         self.ladder_width = 1
         self.check_width = 1
+        self.device_full_said = False
 
     @property
     def words(self) -> str:
@@ -179,6 +180,7 @@ class Steps:
         batch = self.data.take(size)
         began = time.perf_counter()  # the measured steps', after the first
         collecting, frozen = gc.isenabled(), False
+        full = False  # out of memory because the device was, under the cap
         try:
             # The first step at a new shape traces and compiles, and on a
             # GPU picks its kernels: not what a step of a long job needs.
@@ -205,6 +207,7 @@ class Steps:
             if not is_oom_error(e):
                 raise
             need, ran, undisturbed = None, False, False
+            full = self.above_limit and device_ran_out(e)
             del e
         finally:
             if frozen:
@@ -215,15 +218,28 @@ class Steps:
         del batch
         if not ran:
             self._clean()
+        if not ran and full:
+            self._device_full(size)
         self.progress(f"estimate_max_batch_size: batch {size}, {self.steps} real "
                       f"step(s) on {self.device.name}: "
-                      + ("out of memory" if not ran else
+                      + (f"out of memory{' (the device was full)' if full else ''}"
+                         if not ran else
                          "no peak read" if need is None else
                          f"{format_bytes(need)} above what was in use"))
         return Observation(size, need, STEP, ran=ran, ladder=ladder,
                            seconds=round(seconds, 3),
                            step_seconds=(seconds / self.steps if undisturbed
                                          else None))
+
+    def _device_full(self, size: int) -> None:
+        """Says once that other processes filled the device under the cap."""
+        if self.device_full_said:
+            return
+        self.device_full_said = True
+        logger.warning(
+            "estimate_max_batch_size: batch %d ran out of memory on %s before its "
+            "cap: other processes hold the device, so sizes that fail now may fit "
+            "alone, and the answers may read low", size, self.device.name)
 
     def _retries(self) -> Optional[int]:
         """How often PyTorch's caching allocator has freed its cache to

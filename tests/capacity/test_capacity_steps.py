@@ -86,6 +86,30 @@ def test_steps_the_allocator_retried_in_give_their_need_but_no_step_time(
     assert retried.step_seconds is None
 
 
+def test_a_step_that_found_the_device_full_under_the_cap_is_said(monkeypatch, caplog):
+    """Other processes filled the device before this process reached its
+    cap: the size reads out of memory, and a warning says the answers may
+    read low."""
+    from conftest import TORCH_MESSAGE  # 1.06 GiB free, 2.00 GiB asked
+
+    monkeypatch.setattr(steps, "fit_steps", lambda model, batch, n: None)
+    monkeypatch.setattr(steps.Steps, "_clean", lambda self: None)
+    data = Batches(np.zeros((4, 2), "float32"), np.zeros((4,), "float32"))
+    lines: list[str] = []
+    strategy = steps.Steps(object(), data, FakeDevice(True, []), lines.append)
+
+    def full(model, batch, n):
+        raise MemoryError(TORCH_MESSAGE)
+
+    monkeypatch.setattr(steps, "fit_steps", full)
+    with caplog.at_level(logging.WARNING, logger="keras_memwatch"):
+        first, second = strategy.check([8, 16])
+    assert not first.ran and not second.ran
+    assert lines[0].endswith("out of memory (the device was full)")
+    said = [r for r in caplog.records if "other processes hold the device" in r.message]
+    assert len(said) == 1 and "answers may read low" in said[0].message
+
+
 def test_on_the_host_the_measured_step_starts_clean_after_the_first(monkeypatch):
     assert _sequence(monkeypatch, on_gpu=False) == [
         "1 step(s)", "freed", "peaks reset", "1 step(s)"] * 2
