@@ -133,6 +133,10 @@ class Steps:
         self.above_limit = capped
         self.ladder_width = 1
         self.check_width = 1
+        #: Whether the device had room for all of the cap when measuring
+        #: began: only then does a step that finds it full (PyTorch's
+        #: message) mean that other processes took it.
+        self.cap_fits_device = capped and self._room_for_cap()
         self.device_full_said = False
 
     @property
@@ -207,7 +211,7 @@ class Steps:
             if not is_oom_error(e):
                 raise
             need, ran, undisturbed = None, False, False
-            full = self.above_limit and device_ran_out(e)
+            full = self.cap_fits_device and device_ran_out(e)
             del e
         finally:
             if frozen:
@@ -230,6 +234,16 @@ class Steps:
                            seconds=round(seconds, 3),
                            step_seconds=(seconds / self.steps if undisturbed
                                          else None))
+
+    def _room_for_cap(self) -> bool:
+        """Whether PyTorch's device has free all that the cap leaves."""
+        if self.torch is None or self.limit is None:
+            return False
+        try:
+            free = self.torch.cuda.mem_get_info(self.device.gpu_index)[0]
+        except Exception:  # noqa: BLE001 - unknown: no such claim
+            return False
+        return free >= self.limit - self.in_use
 
     def _device_full(self, size: int) -> None:
         """Says once that other processes filled the device under the cap."""
