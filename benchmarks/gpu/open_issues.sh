@@ -21,7 +21,9 @@
 # resconv_jax_edge, resconv_in_flight; on 2026-12-06: jax_row_jobs quiet_oom,
 # then ways_check with sgd_momentum, then remat; later ways_phi3_torch,
 # phi3_edge; on 2026-12-07, with BREAK_CYCLES=1 FRESH=1: ways_phi3_torch,
-# ways_resconv_torch; docs/gpu-validation.md)
+# ways_resconv_torch; later, Phi-3's rows a few levers a table with
+# `ways_check` directly, alone and two tables side by side: one card cannot
+# hold two tables' jobs; docs/gpu-validation.md)
 # `together` runs the named jobs side by side, then compares the two
 # by-layer runs where both ran.
 set -uo pipefail
