@@ -22,8 +22,8 @@
 # then ways_check with sgd_momentum, then remat; later ways_phi3_torch,
 # phi3_edge; on 2026-12-07, with BREAK_CYCLES=1 FRESH=1: ways_phi3_torch,
 # ways_resconv_torch; later, Phi-3's rows a few levers a table with
-# `ways_check` directly, alone and two tables side by side: one card cannot
-# hold two tables' jobs; docs/gpu-validation.md)
+# `ways_check` directly, alone and two tables side by side (an 80 GiB card
+# does not hold two tables' jobs under 8 GiB caps); docs/gpu-validation.md)
 # `together` runs the named jobs side by side, then compares the two
 # by-layer runs where both ran.
 set -uo pipefail
