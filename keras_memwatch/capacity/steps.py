@@ -222,7 +222,7 @@ class Steps:
         del batch
         if not ran:
             self._clean()
-        if not ran and full:
+        if full:
             self._device_full(size)
         self.progress(f"estimate_max_batch_size: batch {size}, {self.steps} real "
                       f"step(s) on {self.device.name}: "
