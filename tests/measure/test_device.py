@@ -38,6 +38,13 @@ def test_on_the_host_a_pooling_tensorflow_allocator_gives_each_steps_need():
             needs.append(device.need(in_use))
     finally:
         device.close()
+    hidden = 2048 * 4096 * 4  # the hidden layer's output, float32
     first, small, again = needs
-    assert small < first / 2
-    assert again == pytest.approx(first, rel=0.1)
+    # The order TensorFlow's threads run the backward ops in decides whether
+    # the hidden output is freed before its gradient is made: one step
+    # needs one or two of them (34.5 or 65 MiB, with one or 16 threads).
+    # A pooled allocator read by the resident set would give the second
+    # large step next to nothing.
+    assert hidden <= first < 3 * hidden
+    assert hidden <= again < 3 * hidden
+    assert small < hidden / 2
