@@ -14,6 +14,7 @@
 #     bash benchmarks/gpu/open_issues.sh together ways_resconv_torch  # then, alone,
 #   BREAK_CYCLES=1 FRESH=1 PHI3_LEVERS=sgd_momentum,remat \
 #     bash benchmarks/gpu/open_issues.sh together ways_phi3_torch
+#   bash benchmarks/gpu/open_issues.sh together device_full  # alone on the card
 #   LAYERS_MODELS=gpt2,llama,mistral,gemma,opt,phi3 \
 #     bash benchmarks/gpu/open_issues.sh together layers_jax layers_jax_test
 # (run on 2026-12-05: ways_room heldout_capacity heldout_jobs accumulation_edge
@@ -183,6 +184,26 @@ phi3_edge() { run 300 phi3-edge bash -c 'J="python3 -m benchmarks.gpu.job_steps 
   for a in "--size 19" "--size 19" "--size 20" "--size 20 --collect 1000" \
       "--size 20 --collect 1000" "--size 21 --collect 1000"; do
     $J $a 2>/dev/null | tail -n 1 | sed "s/^/$a: /" & done; wait'; }
+# a card another process fills mid-run (the device-full path of
+# 2026-12-07, not yet run on a GPU): FILL_AFTER seconds into Phi-3's table,
+# after it sized its jobs for the whole card, a filler holds all but ROOM_MB
+# (the table's own process and one job under 8 GiB). The table's jobs
+# should find the device full, say so once and train one at a time to the
+# rows of the card alone (SGD: 19 on the H100); the benchmark's jobs train
+# one at a time
+device_full() { run 560 device-full bash -c 'python3 -c "
+import time, torch
+time.sleep(${FILL_AFTER:-45})
+free, total = torch.cuda.mem_get_info()
+hold = min(total - ${ROOM_MB:-14336} * 2**20, free - 2**29)
+held = torch.empty(hold, dtype=torch.uint8, device=\"cuda\")
+print(\"holding\", hold >> 20, \"MiB of\", total >> 20, flush=True)
+time.sleep(600)" > "$0/filler.txt" 2>&1 & filler=$!
+  KERAS_BACKEND=torch python3 -m benchmarks.gpu.ways_check phi3 --limit-mb 8192 \
+    --batch 32 --verify --parallel 1 --no-combinations --break-cycles --fresh-process \
+    --levers ${FULL_LEVERS:-sgd_momentum} 2>&1 | tee "$0/device-full-table.txt" \
+    | grep -i "device\|one at a time\|largest\|right\|low\|above\|result"
+  cat "$0/filler.txt"; kill $filler' "$out"; }
 compare_layers() {
   if [ -s "$out/torch.json" ] && [ -s "$out/jax.json" ]; then
     python3 -m benchmarks.gpu.by_layer_lm --compare "$out/torch.json" "$out/jax.json" \
