@@ -41,8 +41,9 @@ def test_on_the_host_a_pooling_tensorflow_allocator_gives_each_steps_need():
     hidden = 2048 * 4096 * 4  # the hidden layer's output, float32
     first, small, again = needs
     # The order TensorFlow's threads run the backward ops in decides whether
-    # the hidden output is freed before its gradient is made: one step
-    # needs one or two of them (34.5 or 65 MiB, with one or 16 threads).
+    # the hidden output is freed before its gradient is made: a step needs
+    # one or two of them (about 34.5 or 65 MiB), and which can change from
+    # one step to the next (docs/capacity.md).
     # A pooled allocator read by the resident set would give the second
     # large step next to nothing.
     assert hidden <= first < 3 * hidden
