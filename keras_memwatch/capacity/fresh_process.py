@@ -191,7 +191,7 @@ class Jobs:
         seconds = round(time.perf_counter() - began, 3)
         made = []
         for b in sizes:
-            counted = [r for r in runs[b] if not r.device_full]
+            counted = _counted(runs[b])
             ran = all(r.ran for r in counted)
             peaks = [r.need for r in counted if r.need is not None]
             self.steps.progress(f"estimate_max_batch_size: batch {b}, "
@@ -282,8 +282,14 @@ def _another_job(runs: Sequence[Run]) -> bool:
     or each job so far trained and fewer than `JOBS_TO_FIT` did."""
     if runs[-1].device_full:
         return True
-    counted = [r for r in runs if not r.device_full]
+    counted = _counted(runs)
     return all(r.ran for r in counted) and len(counted) < JOBS_TO_FIT
+
+
+def _counted(runs: Sequence[Run]) -> list[Run]:
+    """The jobs that say what fits under the cap: not those that found the
+    device full."""
+    return [r for r in runs if not r.device_full]
 
 
 def _cycles_broken(backend: str) -> bool:
