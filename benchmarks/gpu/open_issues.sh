@@ -15,6 +15,8 @@
 #   BREAK_CYCLES=1 FRESH=1 PHI3_LEVERS=sgd_momentum,remat \
 #     bash benchmarks/gpu/open_issues.sh together ways_phi3_torch
 #   bash benchmarks/gpu/open_issues.sh together device_full  # alone on the card
+#   JAX_ROWS=resconv@6144 bash benchmarks/gpu/open_issues.sh together jax_rows
+#   bash benchmarks/gpu/open_issues.sh together check_widths  # alone on the card
 #   LAYERS_MODELS=gpt2,llama,mistral,gemma,opt,phi3 \
 #     bash benchmarks/gpu/open_issues.sh together layers_jax layers_jax_test
 # (run on 2026-12-05: ways_room heldout_capacity heldout_jobs accumulation_edge
@@ -24,7 +26,8 @@
 # phi3_edge; on 2026-12-07, with BREAK_CYCLES=1 FRESH=1: ways_phi3_torch,
 # ways_resconv_torch; later, Phi-3's rows a few levers a table with
 # `ways_check` directly, alone and two tables side by side (an 80 GiB card
-# does not hold two tables' jobs under 8 GiB caps); docs/gpu-validation.md)
+# does not hold two tables' jobs under 8 GiB caps); docs/gpu-validation.md;
+# later, JAX_ROWS=resconv@6144 jax_rows, then check_widths: docs/capacity.md)
 # `together` runs the named jobs side by side, then compares the two
 # by-layer runs where both ran.
 set -uo pipefail
@@ -204,6 +207,37 @@ time.sleep(600)" > "$0/filler.txt" 2>&1 & filler=$!
     --levers ${FULL_LEVERS:-sgd_momentum} 2>&1 | tee "$0/device-full-table.txt" \
     | grep -i "device\|one at a time\|largest\|right\|low\|above\|result"
   cat "$0/filler.txt"; kill $filler' "$out"; }
+# issue 45's convnet and token transformer on JAX (JAX_ROWS: model@cap, one
+# after another: they time compilations), each with the search of 2026-12-05
+# on: cold, warm, one compilation of `fit`'s step at the answer, `fit`'s
+# first step; then jobs in new processes at the answer, the ceiling and
+# above it, side by side
+jax_rows() { local spec m mb sizes
+  for spec in ${JAX_ROWS:-resconv@6144 transformer@6144}; do m=${spec%@*} mb=${spec#*@}
+    run 420 "speed-$m" env KERAS_BACKEND=jax python3 -m benchmarks.gpu.capacity_speed \
+      "$m" --limit-mb "$mb"
+    sizes=$(tail -n 1 "$out/speed-$m.txt" | python3 -c "
+import json, sys
+c = json.loads(sys.stdin.read()).get('cold') or {}
+a, t = c.get('answer'), c.get('ceiling')
+print(*sorted({a, t, t + 1, t + max(1, t * 3 // 100)}) if a and t else '')")
+    for b in $sizes; do KERAS_BACKEND=jax timeout 240 python3 -m benchmarks.gpu.capacity_check \
+      trial "$m" "$b" --limit-mb "$mb" 2>/dev/null | tail -n 1 | sed "s/^/job $m $b: /" &
+    done; wait; done; }
+# four compilations as `fit` compiles them (the checks of one round), side
+# by side in one process as the checks compile them, then each in its own
+# process; one alone first (WIDTH_ROWS: model cap alone four sizes; run on
+# 2026-12-07, docs/capacity.md)
+check_widths() { run 560 check-widths bash -c 'P="python3 -m benchmarks.gpu.jax_compile_options"
+  export KERAS_BACKEND=jax; f() { grep "batch\|side"; }
+  while read -r m mb alone sizes; do [ -n "$m" ] || continue
+    echo "== $m: one alone, then four in one process"
+    $P $m --limit-mb $mb --sizes $alone --sets fit --together fit --together-sizes $sizes < /dev/null 2>&1 | f
+    echo "== $m: four processes"; s=$(date +%s)
+    for n in $sizes; do $P $m --limit-mb $mb --sizes $n --sets fit 2>&1 | f & done; wait
+    echo "wall $(( $(date +%s) - s )) s"
+  done <<< "${WIDTH_ROWS:-resconv 6144 523 522 530 581 592
+gpt2 8192 29 30 31 32 33}"'; }
 compare_layers() {
   if [ -s "$out/torch.json" ] && [ -s "$out/jax.json" ]; then
     python3 -m benchmarks.gpu.by_layer_lm --compare "$out/torch.json" "$out/jax.json" \
