@@ -15,6 +15,8 @@ For each model, under a cap set with `configure_memory(memory_limit_mb=...)`:
 
 `estimate MODEL` and `trial MODEL N` run one piece (each prints one JSON
 line); `verify` runs them as children. Models: `benchmarks.models`.
+`estimate MODEL --checks-side-by-side` compiles a convnet's checks side by
+side, as before they compiled one at a time (2026-12-07), to compare.
 """
 
 from __future__ import annotations
@@ -165,7 +167,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--parallel", type=int, default=6)
     parser.add_argument("--json", default=None, metavar="PATH")
+    parser.add_argument("--checks-side-by-side", action="store_true")
     args = parser.parse_args(argv)
+    if args.checks_side_by_side:
+        from keras_memwatch.capacity import xla
+
+        xla.mostly_convolutions = lambda program: False
     if args.command == "estimate":
         print(json.dumps(estimate(args.model[0], args.limit_mb, args.headroom)))
     elif args.command == "trial":

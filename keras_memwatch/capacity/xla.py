@@ -15,8 +15,11 @@ a GPU the ladder and the aims compile without autotuning and with cheaper
 code generation (`AIM_OPTIONS`: quicker, the same buffers; their plans only
 aim, `calibration`), and every check compiles as `fit` compiles, which `fit`
 then finds in JAX's cache (in a new process, with the persistent
-compilation cache: `configure.compilation_cache`). With a `deadline`,
-compilations still running then are abandoned.
+compilation cache: `configure.compilation_cache`). A round's checks compile
+side by side, or one after another where the step is mostly convolutions:
+XLA autotunes each convolution with the GPU held by one compilation, so
+side by side they wait for each other and take longer than in turn. With
+a `deadline`, compilations still running then are abandoned.
 """
 
 from __future__ import annotations
@@ -44,9 +47,17 @@ AIM_OPTIONS: dict[str, Any] = {"xla_gpu_autotune_level": 0,
                                "xla_gpu_disable_gpuasm_optimizations": True,
                                "xla_backend_optimization_level": 0,
                                "xla_llvm_disable_expensive_passes": True}
-#: Checks compiled side by side: each compilation as `fit` makes it
-#: autotunes kernels on every core. Four: each answer and the size above it.
+#: Checks a round asks: each answer and the size above it. They compile
+#: side by side, each autotuning kernels on every core, unless the step is
+#: `mostly_convolutions`.
 CHECKS_AT_ONCE = 4
+
+
+def mostly_convolutions(program: str) -> bool:
+    """Whether a lowered step (StableHLO text) holds more convolutions
+    than matrix products."""
+    return program.count("stablehlo.convolution") > program.count(
+        "stablehlo.dot_general")
 
 
 class Plans:
@@ -76,6 +87,10 @@ class Plans:
             dict(AIM_OPTIONS) if self.accelerator else None)
         self.ladder_width = max(1, min(8, (os.cpu_count() or 1) // 2))
         self.check_width = CHECKS_AT_ONCE
+        #: Whether checks compile one after another (`mostly_convolutions`),
+        #: read off the first step lowered on an accelerator.
+        self.checks_in_turn: Optional[bool] = None if self.accelerator else False
+        self._said_in_turn = False
         self._tracing = threading.Lock()
         #: Steps already lowered, by size (`fingerprint`'s), used once.
         self._lowered: dict[int, tuple[Any, int, int]] = {}
@@ -119,7 +134,12 @@ class Plans:
         return self._plans(sizes, aimed=True, width=self.ladder_width, ladder=False)
 
     def check(self, sizes: Sequence[int]) -> list[Observation]:
-        return self._plans(sizes, aimed=False, width=CHECKS_AT_ONCE, ladder=False)
+        if self.checks_in_turn and not self._said_in_turn:
+            self._said_in_turn = True
+            self.progress("estimate_max_batch_size: the step is mostly "
+                          "convolutions: its checks compile one at a time")
+        width = 1 if self.checks_in_turn else CHECKS_AT_ONCE
+        return self._plans(sizes, aimed=False, width=width, ladder=False)
 
     def fingerprint(self, **more: Any) -> str:
         """What decides this step's plans (`stored_record.fingerprint`): its
@@ -129,7 +149,7 @@ class Plans:
         import jaxlib
 
         with self._tracing:
-            lowered = xla_plan.lower_step(self.model, self.sample, 1, batches_ahead=0)
+            lowered = self._lower(1)
             self._lowered[1] = lowered  # the ladder's first size: traced once
         # XLA recomputes activations to fit the limit on an accelerator only
         limit = self.limit if self.accelerator else None
@@ -174,13 +194,20 @@ class Plans:
         made = [futures[i].result() for i in range(len(jobs)) if futures[i] in done]
         return [o for o in made if o is not None]
 
+    def _lower(self, size: int) -> tuple[Any, int, int]:
+        """`fit`'s step lowered at `size` (holding `_tracing`); the first
+        lowering on an accelerator also decides `checks_in_turn`."""
+        lowered = xla_plan.lower_step(self.model, self.sample, size, batches_ahead=0)
+        if self.checks_in_turn is None:
+            self.checks_in_turn = mostly_convolutions(lowered[0].as_text())
+        return lowered
+
     def _plan(self, size: int, aimed: bool, ladder: bool) -> Optional[Observation]:
         began = time.perf_counter()
         with self._tracing:  # tracing runs Keras's Python: one at a time
             if self.deadline is not None and time.perf_counter() >= self.deadline:
                 return None
-            lowered = self._lowered.pop(size, None) or xla_plan.lower_step(
-                self.model, self.sample, size, batches_ahead=0)
+            lowered = self._lowered.pop(size, None) or self._lower(size)
         options = self.aim_options if aimed else None
         need: Optional[int] = None
         ran = True

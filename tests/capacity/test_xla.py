@@ -18,25 +18,50 @@ from keras_memwatch.capacity.evidence import AIMED, PLAN
 pytestmark = pytest.mark.skipif(BACKEND != "jax", reason="XLA's plans: JAX")
 
 
+def _convnet():
+    return keras.Sequential([keras.Input((16, 16, 3)), keras.layers.Conv2D(8, 3),
+                             keras.layers.Conv2D(8, 3),
+                             keras.layers.GlobalAveragePooling2D(),
+                             keras.layers.Dense(1)])
+
+
+def _batches(model):
+    shape = tuple(model.inputs[0].shape[1:])
+    return Batches(np.zeros((8, *shape), "float32"), np.zeros((8, 1), "float32"))
+
+
 @pytest.fixture
-def plans():
+def make_plans():
+    """`Plans` of a compiled, built model, on the host."""
     from keras_memwatch.capacity.xla import Plans
 
     from keras_memwatch.measure.model_state import build_for_training
 
-    model = keras.Sequential([keras.Input((32,)),
-                              keras.layers.Dense(64, activation="relu"),
-                              keras.layers.Dense(1)])
-    model.compile(optimizer="adam", loss="mse")
-    data = Batches(np.zeros((8, 32), "float32"), np.zeros((8, 1), "float32"))
-    build_for_training(model, data.take(1))  # as the estimate does
-    device = Device("jax", "host")
-    lines = []
-    strategy = Plans(model, data, device, lines.append)
-    strategy.aim_options = {}  # quick plans, as on a GPU (here: no options)
-    strategy.lines = lines
-    yield strategy
-    device.close()
+    devices = []
+
+    def make(model, accelerator=False):
+        model.compile(optimizer="adam", loss="mse")
+        data = _batches(model)
+        build_for_training(model, data.take(1))  # as the estimate does
+        devices.append(Device("jax", "host"))
+        lines = []
+        strategy = Plans(model, data, devices[-1], lines.append)
+        strategy.aim_options = {}  # quick plans, as on a GPU (here: no options)
+        if accelerator:  # as on a GPU, where the first lowering is read
+            strategy.accelerator, strategy.checks_in_turn = True, None
+        strategy.lines = lines
+        return strategy
+
+    yield make
+    for device in devices:
+        device.close()
+
+
+@pytest.fixture
+def plans(make_plans):
+    return make_plans(keras.Sequential([keras.Input((32,)),
+                                        keras.layers.Dense(64, activation="relu"),
+                                        keras.layers.Dense(1)]))
 
 
 def test_compilations_not_done_by_the_deadline_are_abandoned(plans):
@@ -76,3 +101,47 @@ def test_the_search_on_plans_brackets_both_answers_as_on_a_gpu(plans):
     for h in (0.1, 0.0):
         b = ev.batch_size_for(h)
         assert any(o.how == PLAN and o.batch_size == b for o in ev.observations)
+
+
+
+def _lowered_text(model):
+    from keras_memwatch.judge import xla_plan
+    from keras_memwatch.measure.model_state import build_for_training
+
+    model.compile(optimizer="adam", loss="mse")
+    data = _batches(model)
+    build_for_training(model, data.take(1))
+    return xla_plan.lower_step(model, data.take(1), 2, batches_ahead=0)[0].as_text()
+
+
+def test_a_step_of_convolutions_is_told_from_one_of_matrix_products():
+    from keras_memwatch.capacity.xla import mostly_convolutions
+
+    assert mostly_convolutions(_lowered_text(_convnet()))
+    # a patch embedding (one convolution) before dense layers: matrix products
+    patches = keras.Sequential([keras.Input((16, 16, 3)),
+                                keras.layers.Conv2D(32, 4, strides=4),
+                                keras.layers.Reshape((16, 32)),
+                                keras.layers.Dense(64), keras.layers.Dense(64),
+                                keras.layers.GlobalAveragePooling1D(),
+                                keras.layers.Dense(1)])
+    assert not mostly_convolutions(_lowered_text(patches))
+
+
+@pytest.mark.parametrize("convolutions", [False, True])
+def test_on_an_accelerator_checks_compile_side_by_side_unless_convolutions_lead(
+        make_plans, monkeypatch, convolutions):
+    from keras_memwatch.capacity.xla import CHECKS_AT_ONCE, Plans
+
+    model = _convnet() if convolutions else keras.Sequential(
+        [keras.Input((32,)), keras.layers.Dense(64), keras.layers.Dense(1)])
+    plans = make_plans(model, accelerator=True)
+    plans.ladder([1, 2])  # the first lowering decides
+    widths = []
+    monkeypatch.setattr(Plans, "_run", lambda self, jobs, width: widths.append(width)
+                        or [])
+    plans.check([8, 9, 16, 17])
+    assert plans.checks_in_turn is convolutions
+    assert widths == [1 if convolutions else CHECKS_AT_ONCE]
+    said = "the step is mostly convolutions: its checks compile one at a time"
+    assert plans.lines[-1].endswith(said) is convolutions
