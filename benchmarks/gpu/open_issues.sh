@@ -241,7 +241,7 @@ check_widths() { run 560 check-widths bash -c 'P="python3 -m benchmarks.gpu.jax_
 gpt2 8192 29 30 31 32 33}"'; }
 # a convnet's checks one at a time (2026-12-07): the held-out ResNet with its
 # jobs, its estimate again with the checks side by side (as before), and
-# the convnet of the runs above; each estimate alone
+# the convnet of the runs above (SKIP_RESCONV=1: not); each estimate alone
 conv_checks() { run 590 conv-checks bash -c 'C="python3 -m benchmarks.gpu.capacity_check"
   export KERAS_BACKEND=jax; s() { python3 -c "import json, sys
 for line in sys.stdin:
@@ -250,7 +250,7 @@ for line in sys.stdin:
     elif \"round \" in line or \"one at a time\" in line: print(line.strip()[:200])"; }
   $C verify resnet@6144 --parallel 4 2>&1 | grep -v "hlo_remat\|^[WI][0-9]" | tail -n 12
   $C estimate resnet --limit-mb 6144 --checks-side-by-side 2>&1 | s
-  $C estimate resconv --limit-mb 6144 2>&1 | s'; }
+  [ -n "${SKIP_RESCONV:-}" ] || $C estimate resconv --limit-mb 6144 2>&1 | s'; }
 compare_layers() {
   if [ -s "$out/torch.json" ] && [ -s "$out/jax.json" ]; then
     python3 -m benchmarks.gpu.by_layer_lm --compare "$out/torch.json" "$out/jax.json" \
