@@ -239,18 +239,24 @@ check_widths() { run 560 check-widths bash -c 'P="python3 -m benchmarks.gpu.jax_
     echo "wall $(( $(date +%s) - s )) s"
   done <<< "${WIDTH_ROWS:-resconv 6144 523 522 530 581 592
 gpt2 8192 29 30 31 32 33}"'; }
-# a convnet's checks one at a time (2026-12-07): the held-out ResNet with its
-# jobs, its estimate again with the checks side by side (as before), and
-# the convnet of the runs above (SKIP_RESCONV=1: not); each estimate alone
+# a convnet's checks one at a time (2026-12-07): the held-out ResNet's
+# estimate, then again with its checks side by side (as before), each
+# alone; then jobs at its answers and above; then the convnet of the runs
+# above (SKIP_RESCONV=1: not)
 conv_checks() { run 590 conv-checks bash -c 'C="python3 -m benchmarks.gpu.capacity_check"
-  export KERAS_BACKEND=jax; s() { python3 -c "import json, sys
+  export KERAS_BACKEND=jax; s() { tee -a "$0/conv-checks-full.txt" | python3 -c "import json, sys
 for line in sys.stdin:
     if line.startswith(\"{\"):
         e = json.loads(line); print(e[\"model\"], e[\"seconds\"], \"s\", e[\"answers\"])
     elif \"round \" in line or \"one at a time\" in line: print(line.strip()[:200])"; }
-  $C verify resnet@6144 --parallel 4 2>&1 | grep -v "hlo_remat\|^[WI][0-9]" | tail -n 12
+  $C estimate resnet --limit-mb 6144 2>&1 | s
   $C estimate resnet --limit-mb 6144 --checks-side-by-side 2>&1 | s
-  [ -n "${SKIP_RESCONV:-}" ] || $C estimate resconv --limit-mb 6144 2>&1 | s'; }
+  sizes=$(grep "^{" "$0/conv-checks-full.txt" | head -n 1 | python3 -c "import json, sys
+a = json.loads(sys.stdin.read())[\"answers\"]; c = a[\"0.0\"]
+print(*sorted({a[\"0.1\"], c, c + 1, c + max(1, c * 3 // 100)}))")
+  for b in $sizes; do $C trial resnet $b --limit-mb 6144 2>/dev/null | tail -n 1 &
+  done; wait
+  [ -n "${SKIP_RESCONV:-}" ] || $C estimate resconv --limit-mb 6144 2>&1 | s' "$out"; }
 compare_layers() {
   if [ -s "$out/torch.json" ] && [ -s "$out/jax.json" ]; then
     python3 -m benchmarks.gpu.by_layer_lm --compare "$out/torch.json" "$out/jax.json" \
