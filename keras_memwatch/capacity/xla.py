@@ -17,9 +17,9 @@ aim, `calibration`), and every check compiles as `fit` compiles, which `fit`
 then finds in JAX's cache (in a new process, with the persistent
 compilation cache: `configure.compilation_cache`). A round's checks compile
 side by side, or one after another where the step is mostly convolutions:
-XLA autotunes each convolution with the GPU held by one compilation, so
-side by side they wait for each other and take longer than in turn. With
-a `deadline`, compilations still running then are abandoned.
+XLA picks each convolution's algorithm holding the GPU, so side by side
+in one process they wait for each other (docs/capacity.md). With a
+`deadline`, compilations still running then are abandoned.
 """
 
 from __future__ import annotations

@@ -103,21 +103,13 @@ def test_the_search_on_plans_brackets_both_answers_as_on_a_gpu(plans):
         assert any(o.how == PLAN and o.batch_size == b for o in ev.observations)
 
 
-
-def _lowered_text(model):
-    from keras_memwatch.judge import xla_plan
-    from keras_memwatch.measure.model_state import build_for_training
-
-    model.compile(optimizer="adam", loss="mse")
-    data = _batches(model)
-    build_for_training(model, data.take(1))
-    return xla_plan.lower_step(model, data.take(1), 2, batches_ahead=0)[0].as_text()
-
-
-def test_a_step_of_convolutions_is_told_from_one_of_matrix_products():
+def test_a_step_of_convolutions_is_told_from_one_of_matrix_products(make_plans):
     from keras_memwatch.capacity.xla import mostly_convolutions
 
-    assert mostly_convolutions(_lowered_text(_convnet()))
+    def program(model):
+        return make_plans(model)._lower(2)[0].as_text()
+
+    assert mostly_convolutions(program(_convnet()))
     # a patch embedding (one convolution) before dense layers: matrix products
     patches = keras.Sequential([keras.Input((16, 16, 3)),
                                 keras.layers.Conv2D(32, 4, strides=4),
@@ -125,7 +117,7 @@ def test_a_step_of_convolutions_is_told_from_one_of_matrix_products():
                                 keras.layers.Dense(64), keras.layers.Dense(64),
                                 keras.layers.GlobalAveragePooling1D(),
                                 keras.layers.Dense(1)])
-    assert not mostly_convolutions(_lowered_text(patches))
+    assert not mostly_convolutions(program(patches))
 
 
 @pytest.mark.parametrize("convolutions", [False, True])
