@@ -42,24 +42,32 @@ class Deadline:
 
 
 def expected_seconds(rounds: Sequence[tuple[str, list[int], float]], kind: str,
-                     sizes: Sequence[int], side_by_side: bool) -> float:
+                     sizes: Sequence[int], side_by_side: bool,
+                     in_turn: bool = False) -> float:
     """Seconds a round of `kind` asking `sizes` is expected to take, from the
     wall time of the `(kind, sizes, seconds)` rounds before it (setting up
     included). Compilations side by side (`side_by_side`) take as long as
     the slowest round of their kind (a first check as `fit` compiles it,
-    twice the slowest before it); steps, one size after another, as long
-    as a size of the round that asked the largest batch, and in proportion
-    to the batch above it. A round's time holds a share that does not grow
-    with the batch (the first step at a new shape), so the largest batch
-    timed bounds a larger one most closely: a small one scaled up would
-    count that share many times over."""
+    twice the slowest before it); checks compiled one after another
+    (`in_turn` as well) as long as that for each size, a size of a round
+    of checks before them as long as its round's share. Steps, one size
+    after another, take as long as a size of the round that asked the
+    largest batch, and in proportion to the batch above it. A round's time
+    holds a share that does not grow with the batch (the first step at a
+    new shape), so the largest batch timed bounds a larger one most
+    closely: a small one scaled up would count that share many times
+    over."""
     pool = [r for r in rounds if r[0] == kind]
-    scale = 2.0 if not pool and kind == "check" and side_by_side else 1.0
+    first = not pool
+    scale = 2.0 if first and kind == "check" and side_by_side else 1.0
     pool = pool or list(rounds)
     if not pool:
         return 0.0
+    if side_by_side and in_turn and not first:
+        return len(sizes) * max(seconds / len(asked) for _, asked, seconds in pool)
     if side_by_side:
-        return scale * max(seconds for _, _, seconds in pool)
+        slowest = scale * max(seconds for _, _, seconds in pool)
+        return slowest * (len(sizes) if in_turn else 1)
     top = max(max(asked) for _, asked, _ in pool)
     per_size = max(seconds / len(asked) for _, asked, seconds in pool
                    if max(asked) == top)

@@ -99,6 +99,7 @@ class Jobs:
 
     how = JOB
     aims = False
+    checks_in_turn = False  # read for plans only
     ladder_width = 1
     deadline: Optional[float] = None  # a job is never abandoned
 

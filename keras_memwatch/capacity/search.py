@@ -83,6 +83,9 @@ class Strategy(Protocol):
     above_limit: bool
     ladder_width: int
     check_width: int  # sizes a round of checks asks about
+    #: Whether a round's checks compile one after another (`None`: not
+    #: known yet, as `False`).
+    checks_in_turn: Optional[bool]
     aims: bool  # whether it has quick plans, `aim(sizes)`, that only aim
     #: A `perf_counter()` time after which work in flight is abandoned, or
     #: `None`; set by the search.
@@ -189,8 +192,10 @@ class Search:
         return not self.out_of_time
 
     def _expected(self, kind: str, sizes: Sequence[int]) -> float:
-        return expected_seconds(self.rounds, kind, sizes,
-                                side_by_side=self.strategy.how == PLAN)
+        plans = self.strategy.how == PLAN
+        return expected_seconds(
+            self.rounds, kind, sizes, side_by_side=plans,
+            in_turn=plans and kind == "check" and bool(self.strategy.checks_in_turn))
 
     # -- the ladder ----------------------------------------------------------
 

@@ -101,6 +101,7 @@ class Steps:
 
     how = STEP
     aims = False  # no quicker way than a step
+    checks_in_turn = False  # read for plans only
     deadline: Optional[float] = None  # a step is never abandoned
 
     def __init__(self, model: Any, data: Batches, device: Device,

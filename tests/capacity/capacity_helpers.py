@@ -25,14 +25,14 @@ class FakeStrategy:
 
     def __init__(self, need, limit=10 * GIB, in_use=GIB, how=STEP,
                  above_limit=True, reported=None, ladder_width=1, seconds=0.01,
-                 aimed=None, check_width=1):
+                 aimed=None, check_width=1, checks_in_turn=False):
         self.need, self.limit, self.in_use, self.how = need, limit, in_use, how
         self.aimed = aimed  # quick plans, where `aim` is offered: bytes at b
         self.aims = aimed is not None
         self.deadline = None  # set by the search where it has one
         self.reported = reported or need
         self.above_limit, self.ladder_width = above_limit, ladder_width
-        self.check_width = check_width
+        self.check_width, self.checks_in_turn = check_width, checks_in_turn
         self.rounds: list[tuple[str, list[int]]] = []  # each call, as asked
         self.seconds = seconds
         self.words, self.limit_words = "a fake", "a fake limit"

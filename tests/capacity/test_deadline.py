@@ -75,6 +75,35 @@ def test_expected_round_time_comes_from_the_rounds_before():
     assert search._expected("check", [18]) == pytest.approx(0.8)
 
 
+def test_checks_compiled_in_turn_are_expected_one_after_another():
+    """A convnet's checks compile one at a time (`Plans.checks_in_turn`):
+    a round of four takes four checks' time, not one's."""
+    fake = SlowFake(lambda b: 10 * MIB * b, delay=0.0, how="plan",
+                    checks_in_turn=True)
+    search = S.Search(fake, on_gpu=True, host_largest=None)
+    search.rounds = [("ladder", [1, 2], 0.5), ("aim", [16, 32], 0.6)]
+    # a first check, twice the slowest round before it, for each size
+    assert search._expected("check", [16, 17, 32, 33]) == pytest.approx(4 * 1.2)
+    search.rounds.append(("check", [16, 17], 3.0))
+    assert search._expected("check", [18, 19, 20]) == pytest.approx(3 * 1.5)
+    # the quick plans still compile side by side
+    assert search._expected("aim", [40, 48]) == pytest.approx(0.6)
+
+
+def test_a_deadline_starts_no_round_of_checks_in_turn_that_cannot_end():
+    """With 1 s left, four checks of about 0.4 s each start side by side
+    (0.4 s) but not one after another (1.6 s)."""
+    for in_turn, starts in ((False, True), (True, False)):
+        fake = SlowFake(lambda b: 10 * MIB * b, delay=0.0, how="plan",
+                        checks_in_turn=in_turn)
+        search = S.Search(fake, on_gpu=True, host_largest=None,
+                          deadline=Deadline(1.0))
+        search.observations = fake.ladder([1, 2])
+        search.rounds = [("ladder", [1, 2], 0.1), ("aim", [16, 32], 0.2)]
+        assert search._in_time("check", [16, 17, 32, 33]) is starts
+        assert search.out_of_time is not starts
+
+
 def test_a_small_batchs_fixed_share_does_not_stop_the_ladder_early():
     """The rounds of a keras-hub Qwen2 on the host (JAX): batch 1 was
     compiled while setting up, 8 and 64 each compiled their shape first.

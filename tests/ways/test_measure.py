@@ -64,7 +64,7 @@ class FakeSteps:
     how = STEP
     above_limit = True
     ladder_width = check_width = 1
-    aims, deadline = False, None
+    aims, deadline, checks_in_turn = False, None, False
     words = limit_words = "a fake GPU"
     build_left = (0, 0)  # Keras's build ran on the meta device
 
@@ -241,7 +241,7 @@ class FakePlans:
 
     how = PLAN
     above_limit = True
-    aims, deadline = True, None
+    aims, deadline, checks_in_turn = True, None, False
     ladder_width, check_width = 8, 4
     words = limit_words = "a fake GPU"
     KNEE = 128
