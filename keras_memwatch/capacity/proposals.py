@@ -90,20 +90,42 @@ def _failure_gap(evidence: Evidence, headroom: float) -> Optional[tuple[int, int
 
 def untrusted_gap(evidence: Evidence, headroom: float, parts: int) -> list[int]:
     """`parts` sizes that cut the gap the answer under `headroom` rests on
-    (`_failure_gap`), where a plan as `fit` compiles it failed at a size
-    whose quick plan fit the room: the quick plans went on recomputing
-    activations where `fit`'s compilation gave up, so they cannot aim into
-    the gap, and checks cut it themselves. `[]` elsewhere."""
+    (`_failure_gap`) where the quick plans cannot aim into it, and checks
+    cut it themselves; `[]` elsewhere. They cannot where XLA recomputes
+    activations to fit the limit:
+
+    - a plan as `fit` compiles it failed at a size whose quick plan fit
+      the room (the quick plans went on recomputing where `fit`'s
+      compilation gave up);
+    - the quick plans in the gap grow by less than half a sample's bytes
+      on the small-batch line a sample (held flat by recomputing, so no
+      calibration of them reaches where the plans stop fitting).
+    """
     gap = _failure_gap(evidence, headroom)
     if gap is None:
         return []
+    if not (_quick_fit_where_fit_failed(evidence) or _held_flat(evidence, *gap)):
+        return []
+    return between(*gap, parts)
+
+
+def _quick_fit_where_fit_failed(evidence: Evidence) -> bool:
     room = evidence.room(0.0)
     quick_fit = {o.batch_size for o in evidence.observations if o.how == AIMED
                  and o.need_bytes is not None and o.need_bytes <= room}
-    if not any(o.how == PLAN and o.batch_size in quick_fit and evidence.failed(o)
-               for o in evidence.observations):
-        return []
-    return between(*gap, parts)
+    return any(o.how == PLAN and o.batch_size in quick_fit and evidence.failed(o)
+               for o in evidence.observations)
+
+
+def _held_flat(evidence: Evidence, low: int, high: int) -> bool:
+    line = evidence.line
+    quick = sorted((o.batch_size, o.need_bytes) for o in evidence.observations
+                   if o.how == AIMED and o.need_bytes is not None
+                   and low <= o.batch_size <= high)
+    if line is None or len(quick) < 2 or quick[-1][0] == quick[0][0]:
+        return False
+    (b0, n0), (b1, n1) = quick[0], quick[-1]
+    return (n1 - n0) / (b1 - b0) < line.per_sample_bytes / 2
 
 
 def one_round(view: Evidence, headroom: float, width: int) -> list[int]:

@@ -268,6 +268,38 @@ def test_once_an_answer_is_bracketed_no_check_is_spent_below_it():
     assert checks[-1] == [48]
 
 
+#: The token transformer under 6 GiB on an H100, the plans as printed
+#: (2026-12-07, docs/capacity.md): from about 176 on, XLA recomputes to
+#: hold both kinds of plan near 5.6 GiB; jobs in new processes trained 240
+#: and 241, and 247 ran out of memory.
+TRANSFORMER_H100_QUICK = {
+    1: 0.039, 8: 0.283, 16: 0.547, 24: 0.814, 32: 1.08, 41: 1.38, 48: 1.61,
+    82: 2.76, 97: 3.26, 112: 3.76, 127: 4.26, 142: 4.76, 145: 4.86, 148: 4.95,
+    151: 5.07, 154: 5.17, 158: 5.30, 176: 5.52, 193: 5.41, 228: 5.52, 238: 5.57,
+    249: 5.55, 259: 5.85, 270: 6.09, 281: 6.42, 352: 8.42, 440: 11.13}
+TRANSFORMER_H100_FIT = {
+    **{b: n for b, n in TRANSFORMER_H100_QUICK.items() if b <= 154},
+    157: 5.27, 160: 5.37, 191: 5.67, 192: 5.38, 220: 5.68, 224: 5.66, 226: 5.65,
+    227: 5.68, 236: 5.64, 238: 5.69, 239: 5.71, 240: 5.73, 246: 5.88, 250: 6.45,
+    260: 6.50, 265: 6.70, 440: 11.6}
+
+
+def test_plans_held_flat_by_recomputation_are_cut_by_checks_once_one_fails():
+    # On the H100 the quick plans, calibrated, aimed four rounds of checks
+    # at a ceiling they could not see (each ended below it) and the checks
+    # ran out with it open. The quick plans in the gap grow by a few MiB a
+    # sample where the line grows by 34: the checks cut it themselves.
+    fake = FakeStrategy(gib_between(TRANSFORMER_H100_FIT), how=PLAN,
+                        ladder_width=8, check_width=4, limit=6 * GIB,
+                        in_use=int(0.2 * GIB),
+                        aimed=gib_between(TRANSFORMER_H100_QUICK))
+    search = S.Search(fake, on_gpu=True, host_largest=None)
+    ev = search.run(0.1, None)
+    assert not search.open
+    assert sum(kind == "check" for kind, _ in fake.rounds) == 3
+    assert 240 <= ev.batch_size_for(0.0) < 246
+
+
 def test_quick_plans_like_fits_take_one_ladder_one_aim_and_one_check():
     # A round takes as long as one compilation, so the rounds are few and
     # full: the ladder's spare places hold quick plans beyond it, which
