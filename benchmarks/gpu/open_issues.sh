@@ -28,7 +28,9 @@
 # ways_resconv_torch; later, Phi-3's rows a few levers a table with
 # `ways_check` directly, alone and two tables side by side (an 80 GiB card
 # does not hold two tables' jobs under 8 GiB caps); docs/gpu-validation.md;
-# later, JAX_ROWS=resconv@6144 jax_rows, then check_widths: docs/capacity.md)
+# later, JAX_ROWS=resconv@6144 jax_rows, then check_widths: docs/capacity.md;
+# in the next session conv_checks, JAX_ROWS=transformer@6144 jax_rows and
+# device_full, the filler filling once)
 # `together` runs the named jobs side by side, then compares the two
 # by-layer runs where both ran.
 set -uo pipefail
@@ -189,20 +191,26 @@ phi3_edge() { run 300 phi3-edge bash -c 'J="python3 -m benchmarks.gpu.job_steps 
       "--size 20 --collect 1000" "--size 21 --collect 1000"; do
     $J $a 2>/dev/null | tail -n 1 | sed "s/^/$a: /" & done; wait'; }
 # a card another process fills mid-run (the device-full path of
-# 2026-12-07, not yet run on a GPU): FILL_AFTER seconds into Phi-3's table,
-# after it sized its jobs for the whole card, a filler holds all but ROOM_MB
-# (the table's own process and one job under 8 GiB). The table's jobs
-# should find the device full, say so once and train one at a time to the
-# rows of the card alone (SGD: 19 on the H100); the benchmark's jobs train
-# one at a time
+# 2026-12-07): FILL_AFTER seconds into Phi-3's table, after it sized its
+# jobs for the whole card, a filler takes what is free beyond ROOM_MB, each
+# second (the table's own process and one job under 8 GiB). The table's
+# jobs should find the device full, say so once and train one at a time to
+# the rows of the card alone (SGD: 19 on the H100); the benchmark's jobs
+# train one at a time. (Run on 2026-12-07 with one fill at 45 s: the jobs
+# then running freed 22 GiB, two jobs fitted side by side, and the path was
+# not reached; the filler now tops up.)
 device_full() { run 560 device-full bash -c 'python3 -c "
 import time, torch
 time.sleep(${FILL_AFTER:-45})
-free, total = torch.cuda.mem_get_info()
-hold = min(total - ${ROOM_MB:-14336} * 2**20, free - 2**29)
-held = torch.empty(hold, dtype=torch.uint8, device=\"cuda\")
-print(\"holding\", hold >> 20, \"MiB of\", total >> 20, flush=True)
-time.sleep(600)" > "$0/filler.txt" 2>&1 & filler=$!
+held = []
+while True:
+    free, total = torch.cuda.mem_get_info()
+    take = free - ${ROOM_MB:-14336} * 2**20
+    if take > 2**28:
+        held.append(torch.empty(take, dtype=torch.uint8, device=\"cuda\"))
+        print(\"holding\", sum(h.numel() for h in held) >> 20, \"MiB of\",
+              total >> 20, flush=True)
+    time.sleep(1)" > "$0/filler.txt" 2>&1 & filler=$!
   KERAS_BACKEND=torch python3 -m benchmarks.gpu.ways_check phi3 --limit-mb 8192 \
     --batch 32 --verify --parallel 1 --no-combinations --break-cycles --fresh-process \
     --levers ${FULL_LEVERS:-sgd_momentum} 2>&1 | tee "$0/device-full-table.txt" \
