@@ -3,6 +3,8 @@ bracket each answer, on fake devices whose true need is known."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from capacity_helpers import GIB, MIB, FakeStrategy
@@ -298,6 +300,36 @@ def test_plans_held_flat_by_recomputation_are_cut_by_checks_once_one_fails():
     assert not search.open
     assert sum(kind == "check" for kind, _ in fake.rounds) == 3
     assert 240 <= ev.batch_size_for(0.0) < 246
+
+
+def held_flat_plans(seed):
+    """A random step whose plans follow a line until XLA starts recomputing,
+    grow slowly while it keeps them under the limit, and jump where it gives
+    up; its quick plans give up elsewhere and read up to 10% off."""
+    r = random.Random(seed)
+    per, base = r.uniform(5, 300) * MIB, r.uniform(50, 500) * MIB
+    room = r.uniform(3, 12) * GIB
+    knee = int((room * r.uniform(0.6, 0.97) - base) / per)
+    flat, jump = r.uniform(0.0, 0.15), r.uniform(0.3, 2.0) * GIB
+    stop = knee + int(r.uniform(0.1, 1.2) * knee)
+    quick_stop, off = stop + int(r.uniform(-0.2, 0.4) * knee), r.uniform(0.95, 1.1)
+
+    def plan(b, gives_up=stop, scale=1.0):
+        n = base + per * min(b, knee) + flat * per * max(b - knee, 0)
+        return scale * (n + (jump + per * (b - gives_up) if b > gives_up else 0))
+    return plan, lambda b: plan(b, quick_stop, off), room
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_ceiling_among_flat_plans_is_never_above_the_truth(seed):
+    need, quick, room = held_flat_plans(seed)
+    fake = FakeStrategy(need, how=PLAN, ladder_width=8, check_width=4,
+                        limit=int(room), in_use=0, aimed=quick)
+    search = S.Search(fake, on_gpu=True, host_largest=None)
+    ceiling = search.run(0.1, None).batch_size_for(0.0)
+    truth = largest(need, room)
+    assert ceiling <= truth
+    assert ceiling >= truth * (1 - 1.5 * S.RESOLUTION) or 0.0 in search.open
 
 
 def test_quick_plans_like_fits_take_one_ladder_one_aim_and_one_check():
