@@ -48,9 +48,9 @@ def expected_seconds(rounds: Sequence[tuple[str, list[int], float]], kind: str,
     wall time of the `(kind, sizes, seconds)` rounds before it (setting up
     included). Compilations side by side (`side_by_side`) take as long as
     the slowest round of their kind (a first check as `fit` compiles it,
-    twice the slowest before it); checks compiled one after another
-    (`in_turn` as well) as long as that for each size, a size of a round
-    of checks before them as long as its round's share. Steps, one size
+    twice the slowest before it). Checks compiled one after another
+    (`in_turn`, with `side_by_side`) take that for each size or, after a
+    round of them, the slowest one's seconds a size. Steps, one size
     after another, take as long as a size of the round that asked the
     largest batch, and in proportion to the batch above it. A round's time
     holds a share that does not grow with the batch (the first step at a

@@ -97,9 +97,9 @@ def untrusted_gap(evidence: Evidence, headroom: float, parts: int) -> list[int]:
     - a plan as `fit` compiles it failed at a size whose quick plan fit
       the room (the quick plans went on recomputing where `fit`'s
       compilation gave up);
-    - the quick plans in the gap grow by less than half a sample's bytes
-      on the small-batch line a sample (held flat by recomputing, so no
-      calibration of them reaches where the plans stop fitting).
+    - the quick plans in the gap grow, a sample, by less than half what
+      the small-batch line grows (held flat by recomputing: no calibration
+      of them reaches where the plans stop fitting).
     """
     gap = _failure_gap(evidence, headroom)
     if gap is None:
