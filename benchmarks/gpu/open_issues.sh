@@ -197,8 +197,8 @@ phi3_edge() { run 300 phi3-edge bash -c 'J="python3 -m benchmarks.gpu.job_steps 
 # jobs should find the device full, say so once and train one at a time to
 # the rows of the card alone (SGD: 19 on the H100); the benchmark's jobs
 # train one at a time. (Run on 2026-12-07 with one fill at 45 s: the jobs
-# then running freed 22 GiB, two jobs fitted side by side, and the path was
-# not reached; the filler now tops up.)
+# then running freed 22 GiB and no job found the device full; the filler
+# now tops up.)
 device_full() { run 560 device-full bash -c 'python3 -c "
 import time, torch
 time.sleep(${FILL_AFTER:-45})
