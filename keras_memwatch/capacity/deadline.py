@@ -63,11 +63,12 @@ def expected_seconds(rounds: Sequence[tuple[str, list[int], float]], kind: str,
     pool = pool or list(rounds)
     if not pool:
         return 0.0
-    if side_by_side and in_turn and not first:
-        return len(sizes) * max(seconds / len(asked) for _, asked, seconds in pool)
     if side_by_side:
-        slowest = scale * max(seconds for _, _, seconds in pool)
-        return slowest * (len(sizes) if in_turn else 1)
+        if in_turn and not first:
+            one = max(seconds / len(asked) for _, asked, seconds in pool)
+        else:
+            one = scale * max(seconds for _, _, seconds in pool)
+        return one * (len(sizes) if in_turn else 1)
     top = max(max(asked) for _, asked, _ in pool)
     per_size = max(seconds / len(asked) for _, asked, seconds in pool
                    if max(asked) == top)

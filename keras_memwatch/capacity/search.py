@@ -192,10 +192,9 @@ class Search:
         return not self.out_of_time
 
     def _expected(self, kind: str, sizes: Sequence[int]) -> float:
-        plans = self.strategy.how == PLAN
         return expected_seconds(
-            self.rounds, kind, sizes, side_by_side=plans,
-            in_turn=plans and kind == "check" and bool(self.strategy.checks_in_turn))
+            self.rounds, kind, sizes, side_by_side=self.strategy.how == PLAN,
+            in_turn=kind == "check" and bool(self.strategy.checks_in_turn))
 
     # -- the ladder ----------------------------------------------------------
 
