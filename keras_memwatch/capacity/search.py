@@ -30,8 +30,11 @@ does it run?"; this module decides which b to ask about:
    of the two kinds where checks measured both (`calibration`), and where
    the checks show the quick plans off, they aim again. Where a check
    fails at a size whose quick plan fit the room (the quick plans went on
-   recomputing where `fit`'s compilation gave up), the checks cut the gap
-   below it themselves.
+   recomputing where `fit`'s compilation gave up), or where the quick
+   plans in the gap are held flat, the checks cut the gap themselves
+   (`proposals.untrusted_gap`). A round's spare places go where a miss
+   would send the next round: just below an answer not yet checked, or
+   between an answer seen to fit and the round's next size above it.
 3. Every answer's bracket is closed to `RESOLUTION`: the gap between the
    largest size that fits the room of that headroom and the smallest
    that does not (under the whole limit: that failed) is cut, where its
@@ -51,6 +54,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from itertools import zip_longest
 from typing import Callable, Optional, Protocol
 
 from keras_memwatch.capacity.brackets import RESOLUTION, bracketed, left_open
@@ -60,11 +64,13 @@ from keras_memwatch.capacity.evidence import AIMED, PLAN, Evidence, Observation
 from keras_memwatch.capacity.ladder import (  # noqa: F401 (the ladder's, read here)
     HOST_BATCH, MAX_LADDER, SAFE, SLOW_S, START, TARGET, host_largest_batch, next_sizes)
 from keras_memwatch.capacity.progress import Progress
-from keras_memwatch.capacity.proposals import FAN, one_round, proposals, untrusted_gap
+from keras_memwatch.capacity.proposals import (
+    FAN, between, one_round, proposals, untrusted_gap)
 
 MAX_CHECKS = 16
 MAX_AIMED = 24  # quick, aimed plans (JAX on a GPU): three rounds of eight
-#: How far below each answer the spare places of a round of checks reach.
+#: How far below an answer not yet seen to fit the spare places of a
+#: round of checks reach.
 CHECKS_BELOW = 3
 #: Multiples of the first ladder round's largest size that quick plans ask
 #: in its spare places: where the answer lies within them, the aims start
@@ -359,19 +365,17 @@ class Search:
                     asks.append(b + step)
             top = view.crossing(targets[-1])
             failed = real.smallest_failure
-            if done and top and self.strategy.above_limit and \
+            if self._asked("check") and top and self.strategy.above_limit and \
                     (failed is None or failed > top * FAN[-1]):
                 # the quick plans aimed low before: where nothing failed
                 # above the ceiling, the spare sizes look further up
                 asks += [int(top * f) for f in FAN]
             asks = [b for b in dict.fromkeys(asks) if b not in exact][:width]
             if asks:
-                # spare places of the round: the sizes just below each answer
-                # the checks have not bracketed, which the next round would
-                # ask where a check shows the quick plans low at the answer
-                # (below a bracketed one they would only slow the round)
-                asks += _below(view, unbracketed,
-                               exact | set(asks))[:width - len(asks)]
+                # spare places of the round, for the answers the checks have
+                # not bracketed (beside a bracketed one they would only slow
+                # the round)
+                asks += _spare(view, unbracketed, exact, asks, width - len(asks))
             if not asks or (rounds is not None and done >= rounds):
                 return unbracketed
             done += 1
@@ -438,11 +442,27 @@ class Search:
                             for h, why in self.open.items()))
 
 
-def _below(view: Evidence, targets: Sequence[float], asked: set) -> list[int]:
-    """The sizes just below each answer `view` gives, nearest first, taking
-    turns between the answers; none already in `asked`."""
-    answers = [b for b in (view.batch_size_for(h) for h in targets) if b]
-    out: list[int] = []
-    for k in range(1, CHECKS_BELOW + 1):
-        out += [b - k for b in answers if b - k > 0]
-    return [b for b in dict.fromkeys(out) if b not in asked]
+def _spare(view: Evidence, targets: Sequence[float], exact: set,
+           asks: list[int], places: int) -> list[int]:
+    """Up to `places` sizes that settle the answers `view` gives under
+    `targets` should this round's `asks` miss, taking turns between them:
+    above an answer a check has seen fit (`exact`: every checked size below
+    an answer fits), sizes that cut the gap up to the round's next size
+    above it; below any other, the sizes just under it down to the largest
+    checked, nearest first, which the next round would ask where a check
+    shows the quick plans low there. None in `exact` or `asks`."""
+    per_answer = []
+    for b in (view.batch_size_for(h) for h in targets):
+        if not b:
+            continue
+        above = [s for s in asks if s > b]
+        if b in exact:
+            per_answer.append(between(b, min(above), places) if above else [])
+        else:
+            floor = max((s for s in exact if s < b), default=0)
+            per_answer.append([b - k for k in range(1, CHECKS_BELOW + 1)
+                               if b - k > floor])
+    taken = exact | set(asks)
+    out = [b for turn in zip_longest(*per_answer) for b in turn
+           if b is not None and b not in taken]
+    return list(dict.fromkeys(out))[:places]
