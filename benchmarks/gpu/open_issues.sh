@@ -30,7 +30,9 @@
 # does not hold two tables' jobs under 8 GiB caps); docs/gpu-validation.md;
 # later, JAX_ROWS=resconv@6144 jax_rows, then check_widths: docs/capacity.md;
 # in the next session conv_checks, JAX_ROWS=transformer@6144 jax_rows and
-# device_full, the filler filling once)
+# device_full, the filler filling once; in the next, jax_rows with
+# JAX_ROWS=transformer@6144, gpt@6144 and resconv@6144, each alone, and
+# device_full with the filler topping up)
 # `together` runs the named jobs side by side, then compares the two
 # by-layer runs where both ran.
 set -uo pipefail
