@@ -303,12 +303,11 @@ def test_plans_held_flat_by_recomputation_are_cut_by_checks_once_one_fails():
     assert 240 <= ev.batch_size_for(0.0) < 246
 
 
-
 def test_no_spare_check_is_spent_below_a_size_seen_to_fit():
     # The second H100 run (less in use): once the checks had cut the gap
-    # down to 239 or 240 fits, the spare places of each later round asked
-    # 238, 239 and 237 below it, which cannot move the ceiling; two more
-    # rounds found 241. Spare places go above such an answer, up to the
+    # down to 240 fits, the spare places of the next two rounds asked 239,
+    # 238 and 237 below it, which cannot move the ceiling; the fifth round
+    # found 241. Spare places go above such an answer, up to the
     # round's next size.
     fit = gib_between(TRANSFORMER_H100_FIT)
     in_use = int(0.13 * GIB)
