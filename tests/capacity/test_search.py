@@ -251,6 +251,17 @@ def gib_between(table):
     return need
 
 
+def replay(fit, quick, limit, in_use):
+    """A search of four checks a round over a GPU run's printed plans (`fit`
+    and `quick`, GiB by batch) under `limit` with `in_use` bytes in use:
+    `(the plans as fit compiles them, the fake, the search, its record)`."""
+    need = gib_between(fit)
+    fake = FakeStrategy(need, how=PLAN, ladder_width=8, check_width=4,
+                        limit=limit, in_use=in_use, aimed=gib_between(quick))
+    search = S.Search(fake, on_gpu=True, host_largest=None)
+    return need, fake, search, search.run(0.1, None)
+
+
 def test_once_an_answer_is_bracketed_no_check_is_spent_below_it():
     # The H100 run: after the gap above 26 was cut down to 47 fits, the
     # last round asked 48 and, in its spare places, 24, 23 and 22 below the
@@ -258,11 +269,8 @@ def test_once_an_answer_is_bracketed_no_check_is_spent_below_it():
     # side they only made the round slower. In use: BERT base's weights and
     # AdamW's two slots, about 1.23 GiB (the run printed no estimate); with
     # it the replay asks the rounds the run printed.
-    fake = FakeStrategy(gib_between(BERT_H100_FIT), how=PLAN, ladder_width=8,
-                        check_width=4, limit=8 * GIB, in_use=int(1.23 * GIB),
-                        aimed=gib_between(BERT_H100_QUICK))
-    search = S.Search(fake, on_gpu=True, host_largest=None)
-    ev = search.run(0.1, None)
+    _, fake, search, ev = replay(BERT_H100_FIT, BERT_H100_QUICK, 8 * GIB,
+                                 int(1.23 * GIB))
     assert (ev.batch_size_for(0.0), ev.batch_size_for(0.1)) == (47, 25)
     assert not search.open
     checks = [sizes for kind, sizes in fake.rounds if kind == "check"]
@@ -292,12 +300,8 @@ def test_plans_held_flat_by_recomputation_are_cut_by_checks_once_one_fails():
     # at a ceiling they could not see (each ended below it) and the checks
     # ran out with it open. The quick plans in the gap grow by a few MiB a
     # sample where the line grows by 34: the checks cut it themselves.
-    fake = FakeStrategy(gib_between(TRANSFORMER_H100_FIT), how=PLAN,
-                        ladder_width=8, check_width=4, limit=6 * GIB,
-                        in_use=int(0.2 * GIB),
-                        aimed=gib_between(TRANSFORMER_H100_QUICK))
-    search = S.Search(fake, on_gpu=True, host_largest=None)
-    ev = search.run(0.1, None)
+    _, fake, search, ev = replay(TRANSFORMER_H100_FIT, TRANSFORMER_H100_QUICK,
+                                 6 * GIB, int(0.2 * GIB))
     assert not search.open
     assert sum(kind == "check" for kind, _ in fake.rounds) == 3
     assert 240 <= ev.batch_size_for(0.0) < 246
@@ -309,13 +313,9 @@ def test_no_spare_check_is_spent_below_a_size_seen_to_fit():
     # 238 and 237 below it, which cannot move the ceiling; the fifth round
     # found 241. Spare places go above such an answer, up to the
     # round's next size.
-    fit = gib_between(TRANSFORMER_H100_FIT)
     in_use = int(0.13 * GIB)
-    fake = FakeStrategy(fit, how=PLAN, ladder_width=8, check_width=4,
-                        limit=6 * GIB, in_use=in_use,
-                        aimed=gib_between(TRANSFORMER_H100_QUICK))
-    search = S.Search(fake, on_gpu=True, host_largest=None)
-    ev = search.run(0.1, None)
+    fit, fake, search, ev = replay(TRANSFORMER_H100_FIT, TRANSFORMER_H100_QUICK,
+                                   6 * GIB, in_use)
     assert ev.batch_size_for(0.0) == largest(fit, 6 * GIB - in_use) == 241
     assert not search.open
     checks = [sizes for kind, sizes in fake.rounds if kind == "check"]
@@ -342,19 +342,15 @@ def test_a_held_out_transformer_gets_its_exact_ceiling_in_four_rounds_of_checks(
     # The replay asks the rounds the H100 asked (0.32 GiB in use fits
     # every answer it printed), but for the last: 96 alone, where the run
     # also asked 93, below 94, which had been seen to fit.
-    fit = gib_between(GPT_H100_FIT)
     in_use = int(0.32 * GIB)
-    fake = FakeStrategy(fit, how=PLAN, ladder_width=8, check_width=4,
-                        limit=6 * GIB, in_use=in_use,
-                        aimed=gib_between(GPT_H100_QUICK))
-    search = S.Search(fake, on_gpu=True, host_largest=None)
-    ev = search.run(0.1, None)
+    fit, fake, search, ev = replay(GPT_H100_FIT, GPT_H100_QUICK, 6 * GIB, in_use)
     room = 6 * GIB - in_use
     assert ev.batch_size_for(0.0) == largest(fit, room) == 96
     assert ev.batch_size_for(0.1) == largest(fit, room - 0.6 * GIB) == 58
     assert not search.open
     checks = [sizes for kind, sizes in fake.rounds if kind == "check"]
     assert checks == [[103, 104, 58, 59], [67, 76, 85, 94], [95, 97, 99, 101], [96]]
+
 
 def held_flat_plans(seed):
     """A random step whose plans follow a line until XLA starts recomputing,
