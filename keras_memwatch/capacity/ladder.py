@@ -9,7 +9,7 @@ from typing import Optional
 from keras_memwatch.capacity.evidence import Observation
 
 __all__ = ["HOST_BATCH", "MAX_LADDER", "SAFE", "SLOW_S", "START", "TARGET",
-           "host_largest_batch", "next_sizes"]
+           "host_largest_batch", "next_sizes", "rungs"]
 
 START = 1
 TARGET = 0.25  # the ladder's largest need, of the whole room
@@ -44,6 +44,29 @@ def next_sizes(observations: Sequence[Observation], room: Optional[float],
         return [], (f"batch {size} would take more than {HOST_BATCH:.0%} of the "
                     "host's available memory for its arrays")
     return [size], ""
+
+
+def rungs(observations: Sequence[Observation], room: Optional[float]) -> list[int]:
+    """The sizes off the ladder, measured the ladder's way, that it would
+    have climbed to itself: from the smallest above its top, each while the
+    ladder below needs less than `TARGET` of `room`, and none that needs
+    more than `SAFE` of it (the quick plans `search.BEYOND`, asked beside
+    the ladder, are its own kind of plan on a GPU)."""
+    ladder = sorted((o.batch_size, o.need_bytes, o.how) for o in observations
+                    if o.ladder and o.need_bytes is not None)
+    if room is None or not ladder:
+        return []
+    top, need, how = ladder[-1]
+    out: list[int] = []
+    for o in sorted((o for o in observations
+                     if not o.ladder and o.how == how and o.batch_size > top),
+                    key=lambda o: o.batch_size):
+        if (need >= TARGET * room or not o.ran or o.need_bytes is None
+                or o.need_bytes > SAFE * room):
+            break
+        out.append(o.batch_size)
+        need = o.need_bytes
+    return out
 
 
 def _slope(points: Sequence[tuple[int, float]]) -> float:

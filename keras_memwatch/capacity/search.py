@@ -12,7 +12,8 @@ does it run?"; this module decides which b to ask about:
    available memory; on the host it stops after a step slower than
    `SLOW_S` (the answer then says how far beyond the ladder it lies).
    Where the strategy has quick plans, the first round's spare places
-   hold quick plans `BEYOND` the ladder, which aim only.
+   hold quick plans `BEYOND` the ladder; those the ladder would have
+   climbed to itself (`ladder.rungs`) join it, the rest aim only.
 2. On a GPU, the checks: the answer under the headroom and, where sizes
    above the limit may be tried (XLA's plans, or an allocator's cap), the
    answer without headroom, each asked about, then the size `RESOLUTION`
@@ -52,6 +53,7 @@ round of GPT-2-base's step takes as long as one compilation.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from itertools import zip_longest
@@ -62,7 +64,8 @@ from keras_memwatch.capacity.calibration import calibrated
 from keras_memwatch.capacity.deadline import Deadline, expected_seconds
 from keras_memwatch.capacity.evidence import AIMED, PLAN, Evidence, Observation
 from keras_memwatch.capacity.ladder import (  # noqa: F401 (the ladder's, read here)
-    HOST_BATCH, MAX_LADDER, SAFE, SLOW_S, START, TARGET, host_largest_batch, next_sizes)
+    HOST_BATCH, MAX_LADDER, SAFE, SLOW_S, START, TARGET, host_largest_batch, next_sizes,
+    rungs)
 from keras_memwatch.capacity.progress import Progress
 from keras_memwatch.capacity.proposals import (
     FAN, between, one_round, proposals, untrusted_gap)
@@ -246,6 +249,8 @@ class Search:
                                 f"{max(queue)}")
                 return
             made = self._ask("ladder", queue, beyond)
+            if beyond:
+                self._join_ladder(rungs(self.observations, room))
             self._beyond_asked += len(beyond)
             beyond = []
             if not made or self.out_of_time:
@@ -275,6 +280,12 @@ class Search:
             return []
         spare = self.strategy.ladder_width - len(queue)
         return [max(queue) * f for f in BEYOND][:max(spare, 0)]
+
+    def _join_ladder(self, sizes: Sequence[int]) -> None:
+        """Puts the observations of `sizes` on the ladder."""
+        self.observations = [
+            dataclasses.replace(o, ladder=True) if o.batch_size in sizes else o
+            for o in self.observations]
 
     def _ladder_sizes(self) -> list[int]:
         return sorted({o.batch_size for o in self.observations if o.ladder})

@@ -352,6 +352,19 @@ def test_a_held_out_transformer_gets_its_exact_ceiling_in_four_rounds_of_checks(
     assert checks == [[103, 104, 58, 59], [67, 76, 85, 94], [95, 97, 99, 101], [96]]
 
 
+def test_the_ladder_compiles_no_size_twice_and_climbs_from_the_plans_beside_it():
+    # On the H100, gpt's ladder asked 16, then 32, one round each, after its
+    # first round had planned both beside it the same way; the transformer's
+    # asked 41 and 82 where that round had planned up to 48.
+    for fit, quick, in_use, line in [
+            (GPT_H100_FIT, GPT_H100_QUICK, 0.32, (1, 2, 4, 8, 16, 24)),
+            (TRANSFORMER_H100_FIT, TRANSFORMER_H100_QUICK, 0.13,
+             (1, 2, 4, 8, 16, 24, 32, 48))]:
+        _, fake, search, ev = replay(fit, quick, 6 * GIB, int(in_use * GIB))
+        assert [kind for kind, _ in fake.rounds].count("ladder") == 1
+        assert ev.line.batch_sizes == line
+
+
 def held_flat_plans(seed):
     """A random step whose plans follow a line until XLA starts recomputing,
     grow slowly while it keeps them under the limit, and jump where it gives
@@ -382,6 +395,18 @@ def test_a_ceiling_among_flat_plans_is_never_above_the_truth(seed):
     assert ceiling >= truth * (1 - 1.5 * S.RESOLUTION) or 0.0 in search.open
 
 
+@pytest.mark.parametrize("seed", range(100))
+def test_no_size_is_compiled_twice_the_same_way(seed):
+    need, quick, room = held_flat_plans(seed)
+    fake = FakeStrategy(need, how=PLAN, ladder_width=8, check_width=4,
+                        limit=int(room), in_use=0, aimed=quick)
+    S.Search(fake, on_gpu=True, host_largest=None).run(0.1, None)
+    for checks in (False, True):
+        asked = [b for kind, sizes in fake.rounds if (kind == "check") == checks
+                 for b in sizes]
+        assert len(asked) == len(set(asked))
+
+
 def test_quick_plans_like_fits_take_one_ladder_one_aim_and_one_check():
     # A round takes as long as one compilation, so the rounds are few and
     # full: the ladder's spare places hold quick plans beyond it, which
@@ -403,7 +428,7 @@ def test_quick_plans_like_fits_take_one_ladder_one_aim_and_one_check():
 
 def test_beyond_the_ladder_quick_plans_that_miss_cost_no_round():
     # An answer far above the first round's quick plans: the ladder climbs
-    # as it would without them, and they count in the aims' budget.
+    # on from them, and they count in the aims' budget.
     fake = FakeStrategy(remat, how=PLAN, ladder_width=8, check_width=4,
                         aimed=remat)
     ev = S.Search(fake, on_gpu=True, host_largest=None).run(0.1, None)
