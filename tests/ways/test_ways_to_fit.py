@@ -91,7 +91,11 @@ def test_the_optimizer_levers_save_one_or_two_slots_of_the_weights():
     # temporary the size of all weights (XLA fuses them).
     fused = row(table, "as is")["how"] == "plan"
     most = 1.5 if fused else 8.0
-    assert 0.6 * slot < row(table, "sgd_momentum")["saved_bytes"] < most * slot
+    sgd = row(table, "sgd_momentum")
+    if read_loosely(sgd):
+        assert sgd["saved_bytes"] < most * slot
+    else:
+        assert 0.6 * slot < sgd["saved_bytes"] < most * slot
     adafactor = row(table, "adafactor")["saved_bytes"]
     if fused:
         assert 0.6 * slot < adafactor < 2.5 * slot
