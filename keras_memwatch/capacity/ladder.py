@@ -47,11 +47,10 @@ def next_sizes(observations: Sequence[Observation], room: Optional[float],
 
 
 def rungs(observations: Sequence[Observation], room: Optional[float]) -> list[int]:
-    """The sizes off the ladder, measured the ladder's way, that it would
-    have climbed to itself: from the smallest above its top, each while the
-    ladder below needs less than `TARGET` of `room`, and none that needs
-    more than `SAFE` of it (the quick plans `search.BEYOND`, asked beside
-    the ladder, are its own kind of plan on a GPU)."""
+    """The sizes measured beside the ladder, its own way (on a GPU, the
+    quick plans `search.BEYOND`), that it would have climbed to itself:
+    from the smallest above its top, while the ladder below them needs
+    less than `TARGET` of `room`; none that needs more than `SAFE` of it."""
     ladder = sorted((o.batch_size, o.need_bytes, o.how) for o in observations
                     if o.ladder and o.need_bytes is not None)
     if room is None or not ladder:

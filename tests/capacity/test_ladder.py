@@ -1,5 +1,5 @@
-"""The ladder's own rules: which size it climbs to next, and which quick
-plans asked beside it it takes as its own."""
+"""The ladder's rules read off a record: which plans asked beside it,
+its own way, it takes as its own rungs."""
 
 from __future__ import annotations
 
