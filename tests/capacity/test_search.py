@@ -353,9 +353,9 @@ def test_a_held_out_transformer_gets_its_exact_ceiling_in_four_rounds_of_checks(
 
 
 def test_the_ladder_compiles_no_size_twice_and_climbs_from_the_plans_beside_it():
-    # On the H100, gpt's ladder asked 16, then 32, one round each, after its
-    # first round had planned both beside it the same way; the transformer's
-    # asked 41 and 82 where that round had planned up to 48.
+    # Replayed, gpt's ladder asked 16, then 32, one round each, after its
+    # first round had planned both beside it the same way; on the H100 the
+    # transformer's asked 41 and 82 where that round had planned up to 48.
     for fit, quick, in_use, line in [
             (GPT_H100_FIT, GPT_H100_QUICK, 0.32, (1, 2, 4, 8, 16, 24)),
             (TRANSFORMER_H100_FIT, TRANSFORMER_H100_QUICK, 0.13,
