@@ -208,6 +208,7 @@ class Plans:
             if self.deadline is not None and time.perf_counter() >= self.deadline:
                 return None
             lowered = self._lowered.pop(size, None) or self._lower(size)
+        compiling = time.perf_counter() - began  # traced, one size at a time
         options = self.aim_options if aimed else None
         need: Optional[int] = None
         ran = True
@@ -229,6 +230,6 @@ class Plans:
         self.progress(f"estimate_max_batch_size: compiled the step for batch {size}"
                       + (" without autotuning" if aimed else "") + ": "
                       + (format_bytes(need) if ran else "out of memory")
-                      + f" ({seconds:.1f} s)")
+                      + f" ({seconds:.1f} s; compiling began at {compiling:.1f} s)")
         return Observation(size, need, AIMED if aimed else PLAN, ran=ran,
                            ladder=ladder, seconds=round(seconds, 3))

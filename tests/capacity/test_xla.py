@@ -4,6 +4,7 @@ plans are emulated with empty options (the same compilation)."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import keras
@@ -83,6 +84,16 @@ def test_on_an_accelerator_the_need_counts_and_names_the_batches_held_ahead(plan
     assert f"the {xla_plan.BATCHES_AHEAD} batches `fit` may hold ahead" in plans.words
     sample = format_bytes(xla_plan.batch_bytes(plans.sample, 1))
     assert plans.words.endswith(f"ahead of it, {sample} a sample each")
+
+
+def test_each_compilation_says_when_it_began_after_the_tracing_before_it(plans):
+    # sizes are traced one at a time; their compilations run side by side
+    plans.ladder_width = 4
+    assert len(plans.aim([8, 16, 32, 64])) == 4
+    said = [re.search(r"batch (\d+) without autotuning: .* \((\S+) s; compiling "
+                      r"began at (\S+) s\)$", line) for line in plans.lines]
+    assert all(said) and sorted(int(m[1]) for m in said) == [8, 16, 32, 64]
+    assert all(0.0 <= float(m[3]) <= float(m[2]) for m in said)
 
 
 def test_the_search_on_plans_brackets_both_answers_as_on_a_gpu(plans):
