@@ -352,6 +352,56 @@ def test_a_held_out_transformer_gets_its_exact_ceiling_in_four_rounds_of_checks(
     assert checks == [[103, 104, 58, 59], [67, 76, 85, 94], [95, 97, 99, 101], [96]]
 
 
+#: Two runs on an H100 with the ladder's plans joined (2026-12-07, a
+#: later session, docs/capacity.md), every plan as printed: the token
+#: transformer under 6 GiB, and keras-hub GPT-2 base under 8 GiB, whose
+#: quick plans go on recomputing to 41 where `fit`'s give up at 35.
+TRANSFORMER_H100_LATER_QUICK = {
+    1: 0.0395, 2: 0.0783, 4: 0.146, 8: 0.283, 16: 0.547, 24: 0.814, 32: 1.08,
+    48: 1.61, 157: 5.27, 160: 5.37, 164: 5.50, 167: 5.23, 171: 5.36, 175: 5.48,
+    192: 5.38, 227: 5.56, 237: 5.55, 248: 5.53, 258: 5.82, 260: 5.87, 262: 5.91,
+    264: 5.96, 266: 6.00, 269: 6.07, 280: 6.39, 350: 8.38, 437: 11.05, 525: 13.28}
+TRANSFORMER_H100_LATER_FIT = {
+    **{b: n for b, n in TRANSFORMER_H100_LATER_QUICK.items() if b <= 48},
+    157: 5.27, 160: 5.37, 180: 5.34, 200: 5.61, 220: 5.68, 240: 5.73, 244: 6.30,
+    248: 6.40, 252: 6.51, 256: 6.12, 260: 6.50, 262: 6.62}
+GPT2_H100_QUICK = {
+    1: 0.572, 2: 0.932, 4: 1.43, 8: 2.72, 16: 4.41, 24: 5.20, 25: 5.20, 27: 5.28,
+    28: 5.27, 30: 5.71, 31: 5.90, 32: 6.30, 35: 6.36, 36: 6.43, 37: 6.74,
+    38: 6.91, 41: 7.45, 44: 10.25, 48: 11.17}
+GPT2_H100_FIT = {
+    **{b: n for b, n in GPT2_H100_QUICK.items() if b <= 16}, 30: 5.78, 31: 5.97,
+    32: 6.33, 33: 6.45, 34: 6.50, 35: 8.48, 36: 8.72, 37: 8.96}
+
+
+@pytest.mark.parametrize("fit, quick, limit, in_use, rounds, answers", [
+    (TRANSFORMER_H100_LATER_FIT, TRANSFORMER_H100_LATER_QUICK, 6, 0.13,
+     [("ladder", [1, 2, 4, 8, 16, 24, 32, 48]),
+      ("aim", [157, 175, 192, 227, 280, 350, 437, 525]),
+      ("aim", [160, 164, 167, 171, 237, 248, 258, 269]),
+      ("aim", [260, 262, 264, 266]),
+      ("check", [260, 262, 157, 160]),
+      ("check", [180, 200, 220, 240]),
+      ("check", [244, 248, 252, 256])], (240, 157)),
+    (GPT2_H100_FIT, GPT2_H100_QUICK, 8, 1.4,
+     [("ladder", [1, 2, 4, 8, 16, 24, 32, 48]),
+      ("aim", [25, 27, 28, 30, 35, 38, 41, 44]),
+      ("aim", [31, 36, 37]),
+      ("check", [36, 37, 30, 31]),
+      ("check", [32, 33, 34, 35])], (34, 30))], ids=["transformer", "gpt2"])
+def test_a_replay_of_a_gpu_run_asks_the_rounds_the_run_asked(
+        fit, quick, limit, in_use, rounds, answers):
+    # Replayed on the plans it printed, with the training state in use
+    # (the transformer's 0.13 GiB; GPT-2 base's weights and AdamW's two
+    # slots, 1.4 GiB), the search asks every round the GPU run asked. The
+    # transformer's ceiling, 240, is within RESOLUTION below 241, which
+    # trained there: 244 failed.
+    _, fake, search, ev = replay(fit, quick, limit * GIB, int(in_use * GIB))
+    assert fake.rounds == rounds
+    assert (ev.batch_size_for(0.0), ev.batch_size_for(0.1)) == answers
+    assert not search.open
+
+
 def test_the_ladder_compiles_no_size_twice_and_climbs_from_the_plans_beside_it():
     # Replayed, gpt's ladder asked 16, then 32, one round each, after its
     # first round had planned both beside it the same way; on the H100 the
