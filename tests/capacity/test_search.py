@@ -395,7 +395,7 @@ def test_a_replay_of_a_gpu_run_asks_the_rounds_the_run_asked(
     # (the transformer's 0.13 GiB; GPT-2 base's weights and AdamW's two
     # slots, 1.4 GiB), the search asks every round the GPU run asked. The
     # transformer's ceiling, 240, is within RESOLUTION below 241, which
-    # trained there: 244 failed.
+    # trained in the jobs of the run before: 244 failed.
     _, fake, search, ev = replay(fit, quick, limit * GIB, int(in_use * GIB))
     assert fake.rounds == rounds
     assert (ev.batch_size_for(0.0), ev.batch_size_for(0.1)) == answers
