@@ -32,7 +32,8 @@
 # in the next session conv_checks, JAX_ROWS=transformer@6144 jax_rows and
 # device_full, the filler filling once; in the next, jax_rows with
 # JAX_ROWS=transformer@6144, gpt@6144 and resconv@6144, each alone, and
-# device_full with the filler topping up)
+# device_full with the filler topping up; in the next, gpt2_speed, then the
+# transformer's one compilation and cold estimate alone, docs/capacity.md)
 # `together` runs the named jobs side by side, then compares the two
 # by-layer runs where both ran.
 set -uo pipefail
