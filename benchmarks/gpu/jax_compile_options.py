@@ -11,7 +11,9 @@ time (each from a fresh lowering, so none is found in JAX's cache), with:
 - `aim`: `keras_memwatch.capacity.xla.AIM_OPTIONS`.
 
 Prints the seconds and the working bytes of each plan; `--together`
-also compiles the sizes side by side with each named set, one round each;
+also compiles the sizes side by side with each named set, one round for
+each `--together-sizes` group (sizes of no other group: a size compiled
+again in one process is found in JAX's cache);
 `--hold-mb` keeps that many MiB on the device while compiling (whether the
 memory in use moves XLA's plans):
 
@@ -39,7 +41,8 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[16, 28])
     parser.add_argument("--sets", nargs="+", default=["fit", "no-triton", "aim"])
     parser.add_argument("--together", nargs="*", default=[])
-    parser.add_argument("--together-sizes", type=int, nargs="+", default=None)
+    parser.add_argument("--together-sizes", type=int, nargs="+", action="append",
+                        default=None)
     parser.add_argument("--hold-mb", type=int, default=0)
     args = parser.parse_args()
 
@@ -72,8 +75,8 @@ def main() -> None:
             need = xla_plan.compiled_working_bytes(*lowered, options[name])
             print(f"batch {size} {name}: {time.perf_counter() - began:.1f} s, "
                   f"{need / 2**20:.0f} MiB", flush=True)
-    for name in args.together:
-        together = args.together_sizes or [b + 1 for b in args.sizes]
+    groups = args.together_sizes or [[b + 1 for b in args.sizes]]
+    for name, together in ((n, g) for n in args.together for g in groups):
         lowered = [xla_plan.lower_step(model, (x, y), size, batches_ahead=0)
                    for size in together]
         began = time.perf_counter()

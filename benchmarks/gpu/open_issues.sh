@@ -16,7 +16,8 @@
 #     bash benchmarks/gpu/open_issues.sh together ways_phi3_torch
 #   bash benchmarks/gpu/open_issues.sh together device_full  # alone on the card
 #   JAX_ROWS=resconv@6144 bash benchmarks/gpu/open_issues.sh together jax_rows
-#   bash benchmarks/gpu/open_issues.sh together check_widths  # alone on the card
+#   bash benchmarks/gpu/open_issues.sh together check_widths  # alone on the card:
+#                                     # one, two and four checks side by side
 #   bash benchmarks/gpu/open_issues.sh together conv_checks   # alone on the card
 #   LAYERS_MODELS=gpt2,llama,mistral,gemma,opt,phi3 \
 #     bash benchmarks/gpu/open_issues.sh together layers_jax layers_jax_test
@@ -236,20 +237,22 @@ print(*sorted({a, t, t + 1, t + max(1, t * 3 // 100)}) if a and t else '')")
     for b in $sizes; do KERAS_BACKEND=jax timeout 240 python3 -m benchmarks.gpu.capacity_check \
       trial "$m" "$b" --limit-mb "$mb" 2>/dev/null | tail -n 1 | sed "s/^/job $m $b: /" &
     done; wait; done; }
-# four compilations as `fit` compiles them (the checks of one round), side
-# by side in one process as the checks compile them, then each in its own
-# process; one alone first (WIDTH_ROWS: model cap alone four sizes; run on
-# 2026-12-07, docs/capacity.md)
+# compilations as `fit` compiles them (the checks of a round): one size
+# alone, two side by side, then four, in one process as the checks compile
+# them, then the four each in its own process (WIDTH_ROWS: model cap alone
+# pair four sizes, no size twice; run on 2026-12-07 without the pair,
+# docs/capacity.md)
 check_widths() { run 560 check-widths bash -c 'P="python3 -m benchmarks.gpu.jax_compile_options"
   export KERAS_BACKEND=jax; f() { grep "batch\|side"; }
-  while read -r m mb alone sizes; do [ -n "$m" ] || continue
-    echo "== $m: one alone, then four in one process"
-    $P $m --limit-mb $mb --sizes $alone --sets fit --together fit --together-sizes $sizes < /dev/null 2>&1 | f
+  while read -r m mb alone pair sizes; do [ -n "$m" ] || continue
+    echo "== $m: one alone, two, then four in one process"
+    $P $m --limit-mb $mb --sizes $alone --sets fit --together fit \
+      --together-sizes ${pair//,/ } --together-sizes $sizes < /dev/null 2>&1 | f
     echo "== $m: four processes"; s=$(date +%s)
     for n in $sizes; do $P $m --limit-mb $mb --sizes $n --sets fit 2>&1 | f & done; wait
     echo "wall $(( $(date +%s) - s )) s"
-  done <<< "${WIDTH_ROWS:-resconv 6144 523 522 530 581 592
-gpt2 8192 29 30 31 32 33}"'; }
+  done <<< "${WIDTH_ROWS:-transformer 6144 157 158,161 180 200 220 240
+gpt2 8192 29 28,34 30 31 32 33}"'; }
 # a convnet's checks one at a time (2026-12-07): the held-out ResNet's
 # estimate, then again with its checks side by side (as before), each
 # alone; then jobs at its answers and above; then the convnet of the runs
