@@ -1,7 +1,9 @@
 """What XLA's compiler options cost and change, on JAX on a GPU.
 
 Compiles `fit`'s train step of one model under a cap, one compilation at a
-time (each from a fresh lowering, so none is found in JAX's cache), with:
+time, each a new one (JAX keeps a size's lowering, and the executable of
+one compiled without options, so no size is compiled as `fit` compiles
+it twice in one process), with:
 
 - `fit`: no options, as `fit` compiles it (autotuned);
 - `untuned`: autotuning off, Triton GEMMs as `fit` has them;
